@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Benchmark: what an overloaded ``output`` mount costs on each nnsight line.
+
+Every BERT layer has two submodules called ``output``. Released nnsight 0.7.0
+synthesizes a new ``Envoy.Preserved`` class for each envoy with such a child
+(two per layer); our series (env ``patched``) shares one memoized
+``Envoy__Preserved_output``; nnsight 0.8.1 (env ``upstream-0.8``) synthesizes
+none. For each layer count and environment this measures, on the tiny
+``bert-mlm`` panel model with random weights:
+
+- synthesized envoy classes in one wrapper's tree (distinct class objects whose
+  name contains ``Preserved``; 0.7.0 names them all alike), and across all the
+  wrappers built while timing;
+- ``NNsight(torch_model)`` construction time, best and median of ``--repeats``
+  (one untimed warm-up first, a fresh copy of the torch model each time, one
+  torch thread);
+- the request ``trace(ids, remote="local")`` serializes: raw bytes (what
+  nnsight sends with ``compress=False``) and zstd-compressed (nnsight's own
+  level). On ``main`` the trace then fails at deserialization; serialization
+  happens first, so the size is still measured and the error is recorded.
+
+It prints numbers and ratios against the bars; it asserts nothing. Run from the
+project root with the system python (stdlib only here; each measurement runs
+inside its environment, by this same file with ``--measure``)::
+
+    python3 benchmarks/bench_overloaded_mount.py [--layers 2,12,48] [--repeats 7] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVS = ["main", "patched", "upstream-0.8"]
+MODEL = "bert-mlm"
+#: nnsight's RequestModel.serialize(compress=True) uses this zstd level (0.7.0 and 0.8.1).
+ZSTD_LEVEL = 6
+
+#: (label, numerator env, denominator env, quantity, bar or None, layer counts the bar applies to or None for all)
+RATIOS = [
+    ("construct best   patched/main", "patched", "main", "construct_best_s", 1.05, None),
+    ("construct median patched/main", "patched", "main", "construct_median_s", None, None),
+    ("request raw  patched/upstream-0.8", "patched", "upstream-0.8", "request_raw_bytes", 0.85, {12}),
+    ("request raw  patched/main", "patched", "main", "request_raw_bytes", None, None),
+    ("request zstd patched/upstream-0.8", "patched", "upstream-0.8", "request_zstd_bytes", None, None),
+    ("request zstd patched/main", "patched", "main", "request_zstd_bytes", None, None),
+]
+
+
+# ---------------------------------------------------------------------------
+# Measurement: runs inside an environment (torch, transformers, nnsight there).
+# ---------------------------------------------------------------------------
+
+def _quiet_warnings() -> None:
+    import warnings
+
+    # "Module `...` has pre-defined a `output` attribute. nnsight access ... mounted at ..."
+    warnings.filterwarnings("ignore", message=r".*pre-defined.*", category=UserWarning)
+
+
+def _synthesized(envoys) -> set:
+    """Distinct synthesized envoy classes (objects, not names: 0.7.0 reuses one name)."""
+    return {type(e) for e in envoys if "Preserved" in type(e).__name__}
+
+
+def _envoy(root, dotted: str):
+    node = root
+    for part in dotted.split("."):
+        node = node[int(part)] if part.lstrip("-").isdigit() else getattr(node, part)
+    return node
+
+
+def measure_construction(layers: int, repeats: int) -> dict:
+    import copy
+    import gc
+
+    from nnsight import NNsight
+
+    from nnsight_repro import models
+
+    pristine = models.build_model(models.get(MODEL), layers)
+    seen: set = set()
+    times: List[float] = []
+    wrapper = None
+    for i in range(repeats + 1):  # the first is an untimed warm-up (imports, first-call caches)
+        torch_model = copy.deepcopy(pristine)  # a module nnsight has not wrapped yet, as a user has
+        wrapper = None
+        gc.collect()
+        started = time.perf_counter()
+        wrapper = NNsight(torch_model)
+        elapsed = time.perf_counter() - started
+        seen |= _synthesized(wrapper.modules())
+        if i:
+            times.append(elapsed)
+    per_tree = _synthesized(wrapper.modules())
+    return {
+        "envoys": sum(1 for _ in wrapper.modules()),
+        "synthesized_classes": len(per_tree),
+        "synthesized_class_names": sorted({f"{t.__module__}.{t.__qualname__}" for t in per_tree}),
+        "synthesized_classes_all_wrappers": len(seen),
+        "wrappers_built": repeats + 1,
+        "construct_times_s": times,
+        "construct_best_s": min(times),
+        "construct_median_s": statistics.median(times),
+    }
+
+
+def measure_request(layers: int, dump: Optional[str]) -> dict:
+    """Size of the request ``trace(remote="local")`` serializes, captured at nnsight's ``save``."""
+    import zstandard
+    from transformers import AutoTokenizer
+
+    import nnsight.schema.request as request_module
+
+    from nnsight_repro import lines, models
+
+    entry = models.get(MODEL)
+    line = lines.current()
+    path = models.saved_model(MODEL, layers)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    line.seed_hub_ids({str(path): f"nnsight-repro/{MODEL}"})
+    model = line.wrap(path, entry, tokenizer)
+    layer = _envoy(model, entry.first_layer)
+    attr = line.output_attr(layer)
+    ids = models.token_ids(tokenizer, models.SENTENCE)
+
+    # RequestModel.serialize(compress=False) is `data = save(self)` (+ zstd when
+    # compressing) in both lines; wrapping the module's `save` sees exactly the
+    # bytes sent, without touching nnsight's code.
+    payloads: List[bytes] = []
+    original_save = request_module.save
+
+    def capturing_save(*args, **kwargs):
+        data = original_save(*args, **kwargs)
+        payloads.append(data)
+        return data
+
+    result: Dict[str, object] = {"read": f"{entry.first_layer}.{attr}", "trace": "ok"}
+    request_module.save = capturing_save
+    try:
+        with model.trace(ids, remote="local"):
+            saved = getattr(layer, attr).save()
+    except Exception as exc:
+        result["trace"] = type(exc).__name__
+        result["trace_message"] = (str(exc).strip().splitlines() or [""])[0][:300]
+    finally:
+        request_module.save = original_save
+
+    result["requests_serialized"] = len(payloads)
+    if payloads:
+        raw = payloads[0]
+        result["request_raw_bytes"] = len(raw)
+        result["request_zstd_bytes"] = len(zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw))
+        if dump:
+            target = Path(dump) / f"request-{os.environ.get('NNSIGHT_REPRO_ENV', 'env')}-{layers}l.pkl"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(raw)
+            result["request_dump"] = str(target)
+    else:
+        result["request_raw_bytes"] = result["request_zstd_bytes"] = None
+    result["synthesized_classes_trace_wrapper"] = len(_synthesized(model.modules()))
+    return result
+
+
+def measure(layers: int, repeats: int, dump: Optional[str]) -> dict:
+    from importlib.metadata import version
+
+    import torch
+
+    _quiet_warnings()
+    torch.set_num_threads(1)
+    record = {
+        "env": os.environ.get("NNSIGHT_REPRO_ENV", ""),
+        "versions": {"python": platform.python_version(), "nnsight": version("nnsight"),
+                     "torch": version("torch"), "transformers": version("transformers"),
+                     "zstandard": version("zstandard")},
+        "torch_threads": torch.get_num_threads(),
+        "layers": layers,
+    }
+    record.update(measure_construction(layers, repeats))
+    record.update(measure_request(layers, dump))
+    return record
+
+
+# ---------------------------------------------------------------------------
+# Driver: system python, stdlib only.
+# ---------------------------------------------------------------------------
+
+def _versions_from_stamp(stamp: dict) -> Dict[str, str]:
+    wanted = {"nnsight", "torch", "transformers"}
+    found = {}
+    for line in stamp.get("packages", []):
+        name, sep, ver = line.partition("==")
+        if sep and name.lower() in wanted:
+            found[name.lower()] = ver
+        elif " @ " in line and line.split(" @ ")[0].lower() in wanted:
+            found[line.split(" @ ")[0].lower()] = line.split(" @ ", 1)[1]
+    return found
+
+
+def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-overloaded-mount-") as scratch:
+        out = Path(scratch) / "result.json"
+        args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats),
+                "--out", str(out)]
+        if dump:
+            args += ["--dump-payloads", dump]
+        started = time.monotonic()
+        try:
+            proc = env.run(args, timeout=timeout)
+        except Exception as exc:  # e.g. TimeoutExpired
+            return {"failed": f"{type(exc).__name__}: {exc}"}
+        if proc.returncode or not out.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-12:])
+            return {"failed": f"exit {proc.returncode}", "stderr_tail": tail}
+        record = json.loads(out.read_text())
+        record["wall_s"] = round(time.monotonic() - started, 1)
+        return record
+
+
+def ratios_for(layers: int, results: Dict[str, dict]) -> List[dict]:
+    rows = []
+    for label, num, den, key, bar, applies in RATIOS:
+        a, b = results.get(num, {}).get(key), results.get(den, {}).get(key)
+        value = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+        bar_here = bar if bar is not None and (applies is None or layers in applies) else None
+        rows.append({"ratio": label.split()[0] + " " + label.split()[1] if False else label, "quantity": key,
+                     "numerator": num, "denominator": den, "value": value, "bar": bar_here,
+                     "holds": None if bar_here is None or value is None else value <= bar_here})
+    return rows
+
+
+def _fmt(value, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "ms":
+        return f"{value * 1e3:.2f}"
+    if kind == "int":
+        return f"{value:,}"
+    return str(value)
+
+
+def print_table(layers: int, repeats: int, names: List[str], results: Dict[str, dict], ratios: List[dict]) -> None:
+    print(f"\n== {MODEL}, {layers} layers ({repeats} timed constructions each, 1 torch thread) ==")
+    width = 14
+    print(f"{'':34}" + "".join(f"{n:>{width}}" for n in names))
+    rows = [
+        ("nnsight", lambda r: r.get("versions", {}).get("nnsight"), "str"),
+        ("envoys in tree", lambda r: r.get("envoys"), "int"),
+        ("synthesized classes / tree", lambda r: r.get("synthesized_classes"), "int"),
+        ("  distinct over all wrappers", lambda r: r.get("synthesized_classes_all_wrappers"), "int"),
+        ("construct best (ms)", lambda r: r.get("construct_best_s"), "ms"),
+        ("construct median (ms)", lambda r: r.get("construct_median_s"), "ms"),
+        ("request raw (bytes)", lambda r: r.get("request_raw_bytes"), "int"),
+        ("request zstd-6 (bytes)", lambda r: r.get("request_zstd_bytes"), "int"),
+        ("trace(remote='local')", lambda r: r.get("trace", r.get("failed")), "str"),
+    ]
+    for label, get, kind in rows:
+        print(f"{label:34}" + "".join(f"{_fmt(get(results.get(n, {})), kind):>{width}}" for n in names))
+    for n in names:
+        if "failed" in results.get(n, {}):
+            print(f"  ! {n}: measurement failed ({results[n]['failed']})\n    "
+                  + results[n].get("stderr_tail", "").replace("\n", "\n    "))
+    print(f"\n{'ratio':40}{'value':>8}{'bar':>9}  holds")
+    for row in ratios:
+        value = "-" if row["value"] is None else f"{row['value']:.3f}"
+        bar = "-" if row["bar"] is None else f"<= {row['bar']:.2f}"
+        holds = "-" if row["holds"] is None else ("yes" if row["holds"] else "NO")
+        print(f"{row['ratio']:40}{value:>8}{bar:>9}  {holds}")
+
+
+def driver(args) -> int:
+    sys.path.insert(0, str(ROOT))
+    from nnsight_repro import envs
+
+    layer_counts = [int(x) for x in args.layers.split(",") if x.strip()]
+    names = [n for n in args.envs.split(",") if n.strip()]
+    provenance = {
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cwd": os.getcwd(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "envs": {},
+    }
+    loaded = {}
+    for name in names:
+        env = envs.ensure(name, build=not args.no_build)
+        loaded[name] = env
+        stamp = env.stamp or {}
+        provenance["envs"][name] = {
+            "path": str(env.path),
+            "stamp_digest": stamp.get("digest"),
+            "built": stamp.get("built"),
+            "series_digest": (stamp.get("inputs") or {}).get("series_digest"),
+            "packages": _versions_from_stamp(stamp),
+        }
+
+    results: Dict[str, Dict[str, dict]] = {}
+    ratios: Dict[str, List[dict]] = {}
+    failed = False
+    for layers in layer_counts:
+        per_env = {}
+        for name in names:
+            print(f"[bench] {name}: {layers} layers ...", file=sys.stderr, flush=True)
+            per_env[name] = run_one(loaded[name], layers, args.repeats, args.dump_payloads, args.timeout)
+            failed |= "failed" in per_env[name]
+            measured = per_env[name].get("versions")
+            if measured:
+                provenance["envs"][name]["measured"] = measured
+        results[str(layers)] = per_env
+        ratios[str(layers)] = ratios_for(layers, per_env)
+        print_table(layers, args.repeats, names, per_env, ratios[str(layers)])
+    provenance["loadavg_end"] = os.getloadavg()
+
+    if args.json:
+        document = {
+            "benchmark": "overloaded_mount",
+            "provenance": provenance,
+            "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "torch_threads": 1,
+                         "zstd_level": ZSTD_LEVEL, "envs": names},
+            "results": results,
+            "ratios": ratios,
+        }
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"\n[bench] wrote {args.json}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="2,12,48", help="comma-separated layer counts (default 2,12,48)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed constructions per measurement (default 7)")
+    parser.add_argument("--json", metavar="OUT", help="also write results and provenance to OUT")
+    parser.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated environments (default {','.join(ENVS)})")
+    parser.add_argument("--no-build", action="store_true", help="fail instead of building a missing environment")
+    parser.add_argument("--dump-payloads", metavar="DIR", help="keep each serialized request in DIR for inspection")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement process")
+    # Internal: the measurement half, run by an environment's python.
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.measure:
+        record = measure(int(args.layers), args.repeats, args.dump_payloads)
+        Path(args.out).write_text(json.dumps(record))
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

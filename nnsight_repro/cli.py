@@ -1,0 +1,116 @@
+"""``nnsight-repro`` / ``python3 -m nnsight_repro``: thin commands over the project's modules.
+
+Stdlib only at import: on a fresh machine this is what builds everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import ROOT, envs, series
+
+TEST_ENVS = ["main", "patched", "upstream-0.8"]
+
+
+def cmd_test(args) -> int:
+    """Build what the suite needs, then run pytest inside the patched environment."""
+    for name in TEST_ENVS:
+        envs.ensure(name)
+    env = envs.ensure("patched")
+    pytest_args = args.pytest_args or ["tests"]
+    os.chdir(ROOT)
+    os.execve(str(env.python), [str(env.python), "-m", "pytest", *pytest_args], env.environ())
+
+
+def cmd_verify(args) -> int:
+    from . import verify
+
+    return verify.main(args)
+
+
+def cmd_envs(args) -> int:
+    if args.action == "status":
+        for row in envs.status():
+            print(f"{row['name']:14} {row['state']:10} nnsight {row['nnsight']:6} "
+                  f"series={row['series'] or '-':16} {row['path']}")
+        return 0
+    names = args.names or list(envs.SPECS)
+    for name in names:
+        env = envs.ensure(name, build=args.action == "build")
+        print(env.python if args.action == "python" else env.path)
+    return 0
+
+
+def cmd_series(args) -> int:
+    name = args.series
+    b = series.base(name)
+    if args.repo:
+        head = series.check_repo(name, Path(args.repo))
+        print(f"ok: {len(series.patches(name))} patches of {name} `git am` cleanly onto {b.describe()} -> {head}")
+    else:
+        tree = Path(args.tree) if args.tree else _sdist_tree(name)
+        series.am_onto_tree(name, tree)
+        print(f"ok: {tree} is {b.describe()} for every file the series touches, "
+              f"and {len(series.patches(name))} patches `git am` cleanly onto it")
+    return 0
+
+
+def _sdist_tree(name: str) -> Path:
+    """The released sdist of the series' base, extracted into the cache."""
+    import tarfile
+
+    version = series.base(name).tag.lstrip("v")
+    spec = next(s for s in envs.SPECS.values() if s.nnsight == version)
+    archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
+    target = envs.cache_dir() / "sdists" / f"nnsight-{version}"
+    if not target.is_dir():
+        with tarfile.open(archive) as tar:
+            tar.extractall(target.parent, filter="data")
+    return target
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nnsight-repro", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("test", help="build the environments and run the test suite (in the patched env)")
+    t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (default: tests)")
+    t.set_defaults(run=cmd_test)
+
+    v = sub.add_parser("verify", help="run the check routine in each environment and write results/verify/")
+    v.add_argument("--envs", default=",".join(TEST_ENVS))
+    v.add_argument("--models", default=None, help="comma-separated panel models (default: all)")
+    v.add_argument("--checks", default=None, help="comma-separated checks (default: all)")
+    v.add_argument("--out", default=str(ROOT / "results" / "verify"), help="output directory")
+    v.set_defaults(run=cmd_verify)
+
+    e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
+    e.add_argument("action", choices=["build", "status", "path", "python"])
+    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join(envs.SPECS)})")
+    e.set_defaults(run=cmd_envs)
+
+    s = sub.add_parser("series", help="check that a patch series applies to its base")
+    s.add_argument("action", choices=["check"])
+    s.add_argument("--series", default="nnsight-v0.7.0")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--repo", help="a git checkout of upstream nnsight at the base tag")
+    where.add_argument("--tree", help="a source tree (e.g. an extracted sdist); default: the released sdist")
+    s.set_defaults(run=cmd_series)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (envs.EnvError, series.SeriesError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The environments the project builds and caches: ``main``, ``patched``, ``upstream-0.8``.
+
+``main`` and ``patched`` are built by the same steps from the same nnsight
+0.7.0 sdist; ``patched`` additionally has our series applied to the extracted
+source. So the two differ only by the series. ``upstream-0.8`` is nnsight 0.8.1
+built the same way.
+
+Each environment is a venv under the project cache with a stamp (``env.json``)
+written last, carrying a digest of everything that went into it: the recipe,
+the pinned requirements, the sdist's hash, the series' digest and the Python.
+A directory without a stamp is a half-built environment and is never used; a
+stamp with another digest is an environment from other inputs. A warm start
+reads one small file and hashes a few more.
+
+Stdlib only: this runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import ROOT, series
+from .paths import cache_dir
+
+#: Bump when the build steps change, so existing environments are rebuilt.
+RECIPE = 3
+
+PINS = Path(__file__).resolve().parent / "pins"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    line: str
+    nnsight: str
+    sdist_sha256: str
+    pins: str
+    series: Optional[str] = None
+
+
+SPECS: Dict[str, Spec] = {
+    s.name: s
+    for s in [
+        Spec("main", "0.7", "0.7.0", "5bc6678d567ecc5590b823b7bbab2c310c69f8dda6f4064684c6d488563eebee", "line-0.7.txt"),
+        Spec("patched", "0.7", "0.7.0", "5bc6678d567ecc5590b823b7bbab2c310c69f8dda6f4064684c6d488563eebee",
+             "line-0.7.txt", series="nnsight-v0.7.0"),
+        Spec("upstream-0.8", "0.8", "0.8.1", "0fd9bd354b202d39f1d1ae90cdd02c1112e628325878b49a600876994b210867",
+             "line-0.8.txt"),
+    ]
+}
+
+
+class EnvError(Exception):
+    """An environment cannot be built or used; the message names the fix."""
+
+
+def spec(name: str) -> Spec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise EnvError(f"Unknown environment {name!r}; known: {', '.join(SPECS)}.") from None
+
+
+def log(message: str) -> None:
+    print(f"[envs] {message}", file=sys.stderr, flush=True)
+
+
+# Inputs --------------------------------------------------------------------
+
+def sdist(version: str, sha256: str) -> Path:
+    """The nnsight sdist, downloaded once by pip into the cache and checked against its pinned hash."""
+    folder = cache_dir() / "sdists"
+    path = folder / f"nnsight-{version}.tar.gz"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                 f"nnsight=={version}", "-d", scratch],
+                capture_output=True, text=True,
+            )
+            found = list(Path(scratch).glob(f"nnsight-{version}.tar.gz"))
+            if result.returncode or not found:
+                raise EnvError(
+                    f"Could not get the nnsight {version} sdist from the package index "
+                    f"(pip: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'no file'}). "
+                    f"Check access to PyPI, or put nnsight-{version}.tar.gz into {folder}."
+                )
+            os.replace(found[0], path)
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if actual != sha256:
+        raise EnvError(
+            f"{path} has sha256 {actual}, not the pinned {sha256}. "
+            f"Delete it so it is downloaded again, or update the pin in nnsight_repro/envs.py if the release changed."
+        )
+    return path
+
+
+def inputs(s: Spec) -> dict:
+    """Everything an environment is built from; its digest names the build."""
+    return {
+        "recipe": RECIPE,
+        "spec": asdict(s),
+        "pins_sha256": hashlib.sha256((PINS / s.pins).read_bytes()).hexdigest(),
+        "series_digest": series.digest(s.series) if s.series else None,
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+    }
+
+
+def digest_of(values: dict) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Environments --------------------------------------------------------------
+
+@dataclass
+class Env:
+    name: str
+    path: Path
+    stamp: dict
+
+    @property
+    def python(self) -> Path:
+        return self.path / "venv" / "bin" / "python"
+
+    @property
+    def source(self) -> Path:
+        """The nnsight source tree this environment was installed from (with the series, for ``patched``)."""
+        return self.path / "src"
+
+    def environ(self, extra: Optional[dict] = None) -> dict:
+        """Offline, deterministic, with the project importable and nothing leaking from the caller."""
+        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+        env.update({
+            "PYTHONPATH": str(ROOT),
+            "NNSIGHT_REPRO_ENV": self.name,
+            "NNSIGHT_REPRO_CACHE": str(cache_dir()),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        })
+        env.update(extra or {})
+        return env
+
+    def run(self, args: List[str], *, cwd: Optional[Path] = None, extra_env: Optional[dict] = None,
+            timeout: Optional[float] = None, capture: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.python), *args], cwd=cwd or ROOT, env=self.environ(extra_env),
+                              capture_output=capture, text=True, timeout=timeout)
+
+
+def env_dir(name: str) -> Path:
+    return cache_dir() / "envs" / name
+
+
+@contextlib.contextmanager
+def _locked(name: str):
+    """One builder per environment at a time, across processes."""
+    lock_path = cache_dir() / "envs" / f".{name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _read_stamp(path: Path) -> Optional[dict]:
+    try:
+        return json.loads((path / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _differences(old: dict, new: dict) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(keys) or "digest"
+
+
+def ensure(name: str, build: bool = True) -> Env:
+    """The environment, built if missing, half-built or built from other inputs.
+
+    With ``build=False`` a missing or stale environment is an error naming the
+    command that builds it, instead of a build.
+    """
+    s = spec(name)
+    path = env_dir(name)
+    with _locked(name):
+        wanted = inputs(s)
+        digest = digest_of(wanted)
+        stamp = _read_stamp(path)
+        if stamp and stamp.get("digest") == digest and Path(path / "venv" / "bin" / "python").exists():
+            return Env(name, path, stamp)
+        if stamp:
+            reason = f"it was built from other inputs (changed: {_differences(stamp.get('inputs', {}), wanted)})"
+        elif path.exists():
+            reason = "a previous build did not finish"
+        else:
+            reason = "it does not exist yet"
+        if not build:
+            raise EnvError(f"Environment {name!r} at {path} cannot be used: {reason}. "
+                           f"Build it with `python3 -m nnsight_repro envs build {name}`.")
+        log(f"building {name!r} ({reason}) in {path}")
+        shutil.rmtree(path, ignore_errors=True)
+        started = time.monotonic()
+        _build(s, path, wanted, digest)
+        log(f"built {name!r} in {time.monotonic() - started:.0f} s")
+        return Env(name, path, _read_stamp(path))
+
+
+def _build(s: Spec, path: Path, wanted: dict, digest: str) -> None:
+    path.mkdir(parents=True)
+    build_log = path / "build.log"
+
+    def step(description: str, command: List[str], env: Optional[dict] = None) -> str:
+        with open(build_log, "a") as fh:
+            fh.write(f"\n$ {' '.join(command)}\n")
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        with open(build_log, "a") as fh:
+            fh.write(result.stdout + result.stderr)
+        if result.returncode:
+            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+            raise EnvError(f"Building {s.name!r} failed while {description} (full log: {build_log}):\n{tail}")
+        return result.stdout
+
+    archive = sdist(s.nnsight, s.sdist_sha256)
+    source = path / "src"
+    with tempfile.TemporaryDirectory(dir=path) as scratch, tarfile.open(archive) as tar:
+        tar.extractall(scratch, filter="data")
+        os.replace(Path(scratch) / f"nnsight-{s.nnsight}", source)
+    if s.series:
+        try:
+            series.apply(s.series, source)
+        except series.SeriesError as exc:
+            raise EnvError(f"Building {s.name!r}: {exc}") from None
+
+    venv = path / "venv"
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
+    # torch first and alone, by exact version: that takes the CPU wheel on
+    # local disk instead of letting a resolver pick a multi-GB CUDA build.
+    torch_pin = next(line for line in (PINS / s.pins).read_text().splitlines() if line.startswith("torch=="))
+    step("installing torch", [*pip, "install", "--quiet", torch_pin])
+    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(PINS / s.pins)])
+    # Same version string for main and patched: the sdist's PKG-INFO gives it;
+    # the override only guards against a setuptools-scm that looks elsewhere.
+    build_env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT": s.nnsight}
+    step("building and installing nnsight from the sdist",
+         [*pip, "install", "--quiet", "--no-deps", str(source)], env=build_env)
+    installed = step("checking the install", [python, "-c",
+                     "import importlib.metadata as m, nnsight; print(m.version('nnsight'))"]).strip()
+    if installed != s.nnsight:
+        raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
+    freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
+    stamp = {"name": s.name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "packages": freeze}
+    staging = path / "env.json.tmp"
+    staging.write_text(json.dumps(stamp, indent=1))
+    os.replace(staging, path / "env.json")
+
+
+def status() -> List[dict]:
+    rows = []
+    for name, s in SPECS.items():
+        path = env_dir(name)
+        stamp = _read_stamp(path)
+        try:
+            current = digest_of(inputs(s))
+        except series.SeriesError as exc:
+            current = f"error: {exc}"
+        state = ("ready" if stamp and stamp.get("digest") == current else
+                 "stale" if stamp else "half-built" if path.exists() else "missing")
+        rows.append({"name": name, "state": state, "path": str(path), "nnsight": s.nnsight, "series": s.series})
+    return rows

@@ -1,0 +1,52 @@
+"""Fixtures shared by the suite: tiny offline models, built once per session.
+
+The suite runs against whatever nnsight this interpreter imports; what differs
+between nnsight lines comes from ``nnsight_repro.lines``.
+"""
+
+import os
+
+# Before transformers is imported anywhere: nothing may reach the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def line():
+    from nnsight_repro import lines
+
+    return lines.current()
+
+
+@pytest.fixture(scope="session")
+def subject():
+    """``subject(name)``: a panel model wrapped the way a user would, built once per name."""
+    from nnsight_repro import checks
+
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = checks.Subject(name)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def bert():
+    """``bert(layers)``: a tiny random BertForMaskedLM, built once per depth."""
+    from nnsight_repro import models
+
+    built = {}
+
+    def get(layers=2):
+        if layers not in built:
+            built[layers] = models.build_model(models.get("bert-mlm"), layers)
+        return built[layers]
+
+    return get

@@ -1,0 +1,229 @@
+"""Envoys of modules whose submodules are named like nnsight attributes (BERT's ``output``).
+
+Runs against whatever nnsight this interpreter imports. Tests marked
+``fixed_by_series`` assert behaviour our patch series brings to nnsight 0.7.0;
+the negative control (``test_negative_control.py``) requires exactly those to
+fail on the release. nnsight 0.8 reaches the same behaviour its own way, and
+what differs between the lines comes from ``nnsight_repro.lines``.
+"""
+
+import json
+import pickle
+import subprocess
+import sys
+import threading
+import types
+
+import pytest
+import transformers
+from nnsight import NNsight
+from nnsight.intervention import envoy as envoy_module
+from nnsight.intervention.envoy import Envoy
+
+from nnsight_repro import checks, models
+
+fixed = pytest.mark.fixed_by_series
+
+# Encoders need the series; the decoder is the control that passes everywhere.
+PANEL = [pytest.param(name, marks=[fixed] if entry.encoder else [], id=name)
+         for name, entry in models.PANEL.items()]
+
+
+def synthesized(tree):
+    """Distinct envoy classes nnsight made up for ``tree`` (0.7.0 names them all alike, so count objects)."""
+    return {type(e) for e in tree.modules() if "Preserved" in type(e).__name__}
+
+
+# The synthesized class -------------------------------------------------------
+
+@fixed
+@pytest.mark.parametrize("layers", [2, 12, 48])
+def test_bert_of_any_depth_gets_at_most_one_synthesized_class(bert, line, layers):
+    tree = NNsight(bert(layers))
+    assert len(synthesized(tree)) == (1 if line.synthesizes_classes else 0)
+
+
+def test_each_layer_keeps_its_own_colliding_child(bert, line):
+    layer = NNsight(bert()).bert.encoder.layer
+    children = [getattr(layer[i], line.child_attr()) for i in range(2)]
+    assert [c.path for c in children] == [f"model.bert.encoder.layer.{i}.output" for i in range(2)]
+    assert children[0]._module is bert().bert.encoder.layer[0].output
+
+
+def test_decoder_tree_synthesizes_no_class(subject):
+    assert synthesized(subject("gpt2").model) == set()
+
+
+@fixed
+def test_every_envoy_class_pickles_by_reference(bert):
+    for cls in {type(e) for e in NNsight(bert()).modules()}:
+        assert "." not in cls.__qualname__
+        assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+@fixed
+def test_envoy_classes_load_in_a_fresh_interpreter(bert):
+    classes = sorted({type(e) for e in NNsight(bert()).modules()}, key=lambda c: c.__qualname__)
+    payload = pickle.dumps(classes)
+    # The child only imports nnsight: it has never wrapped an encoder.
+    code = ("import pickle, sys; from nnsight.intervention.envoy import Envoy; "
+            "classes = pickle.loads(sys.stdin.buffer.read()); "
+            "assert all(issubclass(c, Envoy) for c in classes); "
+            "print(' '.join(f'{c.__module__}.{c.__qualname__}' for c in classes))")
+    child = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=120)
+    assert child.returncode == 0, child.stderr.decode()[-2000:]
+    assert child.stdout.decode().split() == [f"{c.__module__}.{c.__qualname__}" for c in classes]
+
+
+class ThreadedEnvoy(Envoy):
+    """A base no other test wraps with, so its classes are made inside the threads."""
+
+
+@fixed
+def test_concurrent_wrapping_shares_one_class_per_base_and_name(bert, line):
+    model, start, trees = bert(), threading.Barrier(8), []
+
+    def wrap():
+        start.wait()
+        trees.append(NNsight(model, envoys=ThreadedEnvoy))
+
+    threads = [threading.Thread(target=wrap) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = set().union(*map(synthesized, trees))
+    assert len(trees) == 8
+    assert len(made) == (1 if line.synthesizes_classes else 0)
+    assert all(issubclass(cls, ThreadedEnvoy) for cls in made)
+
+
+@fixed
+def test_bases_with_one_name_in_two_modules_get_distinct_classes(bert):
+    modules = [types.ModuleType(f"nnsight_repro_bases_{side}") for side in "ab"]
+    try:
+        for module in modules:
+            sys.modules[module.__name__] = module
+            module.Envoy = Envoy
+            exec("class SameName(Envoy):\n    pass", module.__dict__)
+        classes = [type(NNsight(bert(), envoys=m.SameName).bert.encoder.layer[0]) for m in modules]
+        assert classes[0] is not classes[1]
+        for cls, module in zip(classes, modules):
+            assert cls.__module__ == module.__name__ and issubclass(cls, module.SameName)
+            assert pickle.loads(pickle.dumps(cls)) is cls
+    finally:
+        for module in modules:
+            sys.modules.pop(module.__name__, None)
+
+
+@pytest.mark.parametrize("name", [
+    "Envoy__Preserved_notanattribute",  # not something nnsight serves
+    "Envoy__Preserved___class__",       # dunder: never a mount point
+    "Interleaver__Preserved_output",    # in the module, but not an Envoy
+    "os__Preserved_output",             # a module, not a class
+    "__Preserved_output",
+    "Envoy__Preserved_",
+    "Envoy__Preserved_output.nns_output",
+    "Envoy_Preserved_output",
+])
+def test_resolving_class_names_rejects_anything_but_the_exact_pattern(name):
+    with pytest.raises(AttributeError):
+        getattr(envoy_module, name)
+
+
+@fixed
+def test_resolving_class_names_builds_chained_classes_on_demand(line):
+    name = "Envoy__Preserved_input__Preserved_output"
+    if not line.synthesizes_classes:
+        with pytest.raises(AttributeError):
+            getattr(envoy_module, name)
+        return
+    cls = getattr(envoy_module, name)
+    assert cls.__name__ == name and issubclass(cls, Envoy)
+    assert getattr(envoy_module, name) is cls
+
+
+# Through nnsight's serializer and the remote simulation ----------------------
+
+@pytest.mark.parametrize("name", PANEL)
+def test_tree_round_trips_through_nnsights_serializer(subject, name):
+    result = checks.check_serializer_round_trip(subject(name))
+    assert result["ok"], result
+
+
+@pytest.mark.parametrize("name", PANEL)
+def test_remote_local_trace_equals_local_trace(subject, name):
+    result = checks.check_remote_local(subject(name))
+    assert result["ok"], result
+
+
+def test_colliding_layer_output_is_readable_in_a_local_trace(subject):
+    s = subject("bert-mlm")
+    saved = s.trace(s.ids[0])
+    assert list(saved["first_layer"].shape) == [1, s.ids[0].shape[1], 32]
+
+
+# The remote model key ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", PANEL)
+def test_server_rebuilds_the_wrapped_class_from_the_key(subject, name):
+    result = checks.check_remote_key(subject(name))
+    assert result["ok"], result
+
+
+@fixed
+def test_masked_lm_key_names_its_class(subject, line):
+    s = subject("bert-mlm")
+    fields = json.loads(s.model.to_model_key().partition(":")[2])
+    expected = s.entry.automodel if line.class_field == "automodel" else s.entry.task
+    assert fields[line.class_field] == expected
+
+
+RELEASED_DEFAULT_KEYS = {
+    "automodel": 'nnsight.modeling.language.LanguageModel:{"repo_id": "nnsight-repro/gpt2", "revision": null}',
+    "task": 'nnsight.modeling.transformers.TransformersModel:'
+            '{"repo_id": "nnsight-repro/gpt2", "revision": null, "task": "text-generation"}',
+}
+
+
+def test_default_class_key_is_byte_identical_to_the_release(subject, line):
+    assert subject("gpt2").model.to_model_key() == RELEASED_DEFAULT_KEYS[line.class_field]
+
+
+def _wrap_with_selector(line, selector: str, **kwargs):
+    """Wrap the tiny BERT naming its class by ``selector`` (0.7: automodel name, 0.8: task)."""
+    path = str(models.saved_model("bert-mlm"))
+    if line.class_field == "automodel":
+        from nnsight import LanguageModel
+
+        return LanguageModel(path, automodel=selector, **kwargs)
+    from nnsight.modeling.transformers import TransformersModel
+
+    return TransformersModel(path, task=selector, **kwargs)
+
+
+@fixed
+def test_unknown_class_selector_is_refused_naming_it(line):
+    selector = {"automodel": "AutoModelForBogus", "task": "bogus-task"}[line.class_field]
+    # Not AttributeError: a failed getattr deep inside does not tell the user what to fix.
+    with pytest.raises((ValueError, KeyError), match=selector):
+        _wrap_with_selector(line, selector)
+
+
+@fixed
+def test_key_never_names_a_class_a_server_cannot_rebuild(subject, line):
+    s = subject("bert-mlm")
+    if line.class_field == "task":
+        # 0.8 sends only the task, whatever class the user loaded with.
+        model = _wrap_with_selector(line, s.entry.task, tokenizer=s.tokenizer, automodel=transformers.BertForMaskedLM)
+        fields = json.loads(model.to_model_key().partition(":")[2])
+        assert fields.get("task") == s.entry.task and "automodel" not in fields
+        return
+    from nnsight import LanguageModel
+
+    class ProjectAutoModel(transformers.AutoModelForMaskedLM):
+        """Loads like an Auto class, but no server can find it by name."""
+
+    model = LanguageModel(str(s.path), automodel=ProjectAutoModel, tokenizer=s.tokenizer)
+    with pytest.raises(ValueError, match="Auto class"):
+        model.to_model_key()
