@@ -66,8 +66,10 @@ RATIOS = [
 def _quiet_warnings() -> None:
     import warnings
 
-    # "Module `...` has pre-defined a `output` attribute. nnsight access ... mounted at ..."
-    warnings.filterwarnings("ignore", message=r".*pre-defined.*", category=UserWarning)
+    # 0.7: "Module `...` has pre-defined a `output` attribute. nnsight access for `output` will be mounted at ..."
+    # 0.8: "Module '...' has a submodule named 'output', which nnsight already serves on every module. ..."
+    warnings.filterwarnings("ignore", message=r"Module .*(has pre-defined a|has a submodule named) ",
+                            category=UserWarning)
 
 
 def _synthesized(envoys) -> set:
@@ -117,12 +119,40 @@ def measure_construction(layers: int, repeats: int) -> dict:
     }
 
 
+def _capture_serialize(payloads: List[bytes]):
+    """Wrap ``RequestModel.serialize`` so every request it builds is also kept (uncompressed).
+
+    0.7.0: ``LocalSimulationBackend`` calls ``RequestModel(...).serialize(compress=False)``
+    (an instance method); 0.8.1: ``LocalSimulationBackend`` calls
+    ``RequestModel.serialize(tracer, compress=False)`` (a classmethod). Either way
+    the return value is exactly the bytes a server would receive. Returns an undo.
+    """
+    import functools
+    import inspect
+
+    import zstandard
+    from nnsight.schema.request import RequestModel
+
+    static = inspect.getattr_static(RequestModel, "serialize")
+    is_classmethod = isinstance(static, classmethod)
+    func = static.__func__ if is_classmethod else static
+    signature = inspect.signature(func)
+
+    @functools.wraps(func)
+    def serialize(*args, **kwargs):
+        data = func(*args, **kwargs)
+        compressed = signature.bind(*args, **kwargs).arguments.get("compress", False)
+        payloads.append(zstandard.ZstdDecompressor().decompress(data) if compressed else data)
+        return data
+
+    setattr(RequestModel, "serialize", classmethod(serialize) if is_classmethod else serialize)
+    return lambda: setattr(RequestModel, "serialize", static)
+
+
 def measure_request(layers: int, dump: Optional[str]) -> dict:
-    """Size of the request ``trace(remote="local")`` serializes, captured at nnsight's ``save``."""
+    """Size of the request ``trace(remote="local")`` serializes."""
     import zstandard
     from transformers import AutoTokenizer
-
-    import nnsight.schema.request as request_module
 
     from nnsight_repro import lines, models
 
@@ -136,27 +166,24 @@ def measure_request(layers: int, dump: Optional[str]) -> dict:
     attr = line.output_attr(layer)
     ids = models.token_ids(tokenizer, models.SENTENCE)
 
-    # RequestModel.serialize(compress=False) is `data = save(self)` (+ zstd when
-    # compressing) in both lines; wrapping the module's `save` sees exactly the
-    # bytes sent, without touching nnsight's code.
     payloads: List[bytes] = []
-    original_save = request_module.save
-
-    def capturing_save(*args, **kwargs):
-        data = original_save(*args, **kwargs)
-        payloads.append(data)
-        return data
-
-    result: Dict[str, object] = {"read": f"{entry.first_layer}.{attr}", "trace": "ok"}
-    request_module.save = capturing_save
+    result: Dict[str, object] = {"wrapper": type(model).__name__, "read": f"{entry.first_layer}.{attr}",
+                                 "trace": "ok"}
+    undo = _capture_serialize(payloads)
     try:
+        # No lambdas in here: 0.7.0 cannot serialize them.
         with model.trace(ids, remote="local"):
             saved = getattr(layer, attr).save()
-    except Exception as exc:
+    except Exception as exc:  # main: NameError at deserialization, after serializing
         result["trace"] = type(exc).__name__
         result["trace_message"] = (str(exc).strip().splitlines() or [""])[0][:300]
     finally:
-        request_module.save = original_save
+        undo()
+    if result["trace"] == "ok":
+        value = saved
+        while isinstance(value, (tuple, list)):
+            value = value[0]
+        result["saved_shape"] = list(getattr(value, "shape", []))
 
     result["requests_serialized"] = len(payloads)
     if payloads:
@@ -174,7 +201,7 @@ def measure_request(layers: int, dump: Optional[str]) -> dict:
     return result
 
 
-def measure(layers: int, repeats: int, dump: Optional[str]) -> dict:
+def measure(layers: int, repeats: int, dump: Optional[str], request: bool = True) -> dict:
     from importlib.metadata import version
 
     import torch
@@ -190,7 +217,8 @@ def measure(layers: int, repeats: int, dump: Optional[str]) -> dict:
         "layers": layers,
     }
     record.update(measure_construction(layers, repeats))
-    record.update(measure_request(layers, dump))
+    if request:
+        record.update(measure_request(layers, dump))
     return record
 
 
@@ -210,13 +238,15 @@ def _versions_from_stamp(stamp: dict) -> Dict[str, str]:
     return found
 
 
-def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float) -> dict:
+def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float, request: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-overloaded-mount-") as scratch:
         out = Path(scratch) / "result.json"
         args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats),
                 "--out", str(out)]
         if dump:
-            args += ["--dump-payloads", dump]
+            args += ["--dump-payloads", str(Path(dump).resolve())]
+        if not request:
+            args.append("--skip-request")
         started = time.monotonic()
         try:
             proc = env.run(args, timeout=timeout)
@@ -230,13 +260,36 @@ def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float)
         return record
 
 
+def merge_rounds(rounds: List[dict]) -> dict:
+    """One record per environment and layer count: the first round's, with every round's timings pooled."""
+    good = [r for r in rounds if "failed" not in r]
+    if not good:
+        return rounds[0]
+    merged = dict(good[0])
+    times = [t for r in good for t in r["construct_times_s"]]
+    merged["construct_times_s_by_round"] = [r["construct_times_s"] for r in good]
+    merged.pop("construct_times_s", None)
+    merged["construct_samples"] = len(times)
+    merged["construct_best_s"] = min(times)
+    merged["construct_median_s"] = statistics.median(times)
+    merged["rounds_ok"] = len(good)
+    merged["wall_s"] = round(sum(r.get("wall_s", 0) for r in good), 1)
+    failures = [r for r in rounds if "failed" in r]
+    if failures:
+        merged["failed_rounds"] = failures
+    counts = {(r["synthesized_classes"], r["envoys"]) for r in good}
+    if len(counts) > 1:
+        merged["inconsistent_counts"] = sorted(counts)
+    return merged
+
+
 def ratios_for(layers: int, results: Dict[str, dict]) -> List[dict]:
     rows = []
     for label, num, den, key, bar, applies in RATIOS:
         a, b = results.get(num, {}).get(key), results.get(den, {}).get(key)
         value = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
         bar_here = bar if bar is not None and (applies is None or layers in applies) else None
-        rows.append({"ratio": label.split()[0] + " " + label.split()[1] if False else label, "quantity": key,
+        rows.append({"ratio": label, "quantity": key,
                      "numerator": num, "denominator": den, "value": value, "bar": bar_here,
                      "holds": None if bar_here is None or value is None else value <= bar_here})
     return rows
@@ -252,8 +305,9 @@ def _fmt(value, kind: str) -> str:
     return str(value)
 
 
-def print_table(layers: int, repeats: int, names: List[str], results: Dict[str, dict], ratios: List[dict]) -> None:
-    print(f"\n== {MODEL}, {layers} layers ({repeats} timed constructions each, 1 torch thread) ==")
+def print_table(layers: int, repeats: int, rounds: int, names: List[str], results: Dict[str, dict],
+                ratios: List[dict]) -> None:
+    print(f"\n== {MODEL}, {layers} layers (construction: {rounds} rounds x {repeats} timed, 1 torch thread) ==")
     width = 14
     print(f"{'':34}" + "".join(f"{n:>{width}}" for n in names))
     rows = [
@@ -270,9 +324,10 @@ def print_table(layers: int, repeats: int, names: List[str], results: Dict[str, 
     for label, get, kind in rows:
         print(f"{label:34}" + "".join(f"{_fmt(get(results.get(n, {})), kind):>{width}}" for n in names))
     for n in names:
-        if "failed" in results.get(n, {}):
-            print(f"  ! {n}: measurement failed ({results[n]['failed']})\n    "
-                  + results[n].get("stderr_tail", "").replace("\n", "\n    "))
+        record = results.get(n, {})
+        for failure in [record] if "failed" in record else record.get("failed_rounds", []):
+            print(f"  ! {n}: a measurement failed ({failure['failed']})\n    "
+                  + failure.get("stderr_tail", "").replace("\n", "\n    "))
     print(f"\n{'ratio':40}{'value':>8}{'bar':>9}  holds")
     for row in ratios:
         value = "-" if row["value"] is None else f"{row['value']:.3f}"
@@ -316,24 +371,32 @@ def driver(args) -> int:
     ratios: Dict[str, List[dict]] = {}
     failed = False
     for layers in layer_counts:
-        per_env = {}
-        for name in names:
-            print(f"[bench] {name}: {layers} layers ...", file=sys.stderr, flush=True)
-            per_env[name] = run_one(loaded[name], layers, args.repeats, args.dump_payloads, args.timeout)
-            failed |= "failed" in per_env[name]
-            measured = per_env[name].get("versions")
-            if measured:
-                provenance["envs"][name]["measured"] = measured
+        rounds: Dict[str, List[dict]] = {name: [] for name in names}
+        for round_ in range(args.rounds):
+            # Rotate the order each round so no environment always runs first or last.
+            order = names[round_ % len(names):] + names[:round_ % len(names)]
+            for name in order:
+                print(f"[bench] {layers} layers, round {round_ + 1}/{args.rounds}: {name} ...",
+                      file=sys.stderr, flush=True)
+                # The request is deterministic: measure it once, in the first round.
+                record = run_one(loaded[name], layers, args.repeats, args.dump_payloads, args.timeout,
+                                 request=round_ == 0)
+                rounds[name].append(record)
+                failed |= "failed" in record
+                if record.get("versions"):
+                    provenance["envs"][name]["measured"] = record["versions"]
+        per_env = {name: merge_rounds(rounds[name]) for name in names}
         results[str(layers)] = per_env
         ratios[str(layers)] = ratios_for(layers, per_env)
-        print_table(layers, args.repeats, names, per_env, ratios[str(layers)])
+        print_table(layers, args.repeats, args.rounds, names, per_env, ratios[str(layers)])
     provenance["loadavg_end"] = os.getloadavg()
 
     if args.json:
         document = {
             "benchmark": "overloaded_mount",
             "provenance": provenance,
-            "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "torch_threads": 1,
+            "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "rounds": args.rounds,
+                         "torch_threads": 1,
                          "zstd_level": ZSTD_LEVEL, "envs": names},
             "results": results,
             "ratios": ratios,
@@ -346,7 +409,10 @@ def driver(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="2,12,48", help="comma-separated layer counts (default 2,12,48)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed constructions per measurement (default 7)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed constructions per process (default 7)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="processes per environment and layer count, interleaved across environments so "
+                             "load changes hit all alike; timings pool all rounds (default 3)")
     parser.add_argument("--json", metavar="OUT", help="also write results and provenance to OUT")
     parser.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated environments (default {','.join(ENVS)})")
     parser.add_argument("--no-build", action="store_true", help="fail instead of building a missing environment")
@@ -355,11 +421,12 @@ def main(argv=None) -> int:
     # Internal: the measurement half, run by an environment's python.
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-request", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.rounds < 1:
+        parser.error("--repeats and --rounds must be at least 1")
     if args.measure:
-        record = measure(int(args.layers), args.repeats, args.dump_payloads)
+        record = measure(int(args.layers), args.repeats, args.dump_payloads, request=not args.skip_request)
         Path(args.out).write_text(json.dumps(record))
         return 0
     return driver(args)

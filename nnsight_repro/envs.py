@@ -116,8 +116,9 @@ def inputs(s: Spec) -> dict:
         "spec": asdict(s),
         "pins_sha256": hashlib.sha256((PINS / s.pins).read_bytes()).hexdigest(),
         "series_digest": series.digest(s.series) if s.series else None,
+        # The interpreter venvs are made from; the same from inside any of our venvs.
         "python": sys.version.split()[0],
-        "python_executable": sys.executable,
+        "python_home": sys.base_prefix,
     }
 
 
@@ -180,6 +181,20 @@ def _locked(name: str):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _building(name: str) -> bool:
+    """Whether another process holds the build lock right now."""
+    lock_path = cache_dir() / "envs" / f".{name}.lock"
+    if not lock_path.exists():
+        return False
+    with open(lock_path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
 
 
 def _read_stamp(path: Path) -> Optional[dict]:
@@ -287,6 +302,7 @@ def status() -> List[dict]:
         except series.SeriesError as exc:
             current = f"error: {exc}"
         state = ("ready" if stamp and stamp.get("digest") == current else
+                 "building" if _building(name) else
                  "stale" if stamp else "half-built" if path.exists() else "missing")
         rows.append({"name": name, "state": state, "path": str(path), "nnsight": s.nnsight, "series": s.series})
     return rows
