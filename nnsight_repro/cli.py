@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("test", help="build the environments and run the test suite (in the patched env)")
-    t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (default: tests)")
+    t.add_argument("pytest_args", nargs="*", help="passed to pytest (default: tests); options too, e.g. -x")
     t.set_defaults(run=cmd_test)
 
     v = sub.add_parser("verify", help="run the check routine in each environment and write results/verify/")
@@ -104,7 +104,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        if args.command != "test":
+            p.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.pytest_args = [*args.pytest_args, *extra]
     try:
         return args.run(args) or 0
     except (envs.EnvError, series.SeriesError) as exc:

@@ -25,7 +25,9 @@ from typing import Dict, List
 
 from . import ROOT
 
-PATCHES = ROOT / "patches"
+#: ``NNSIGHT_REPRO_PATCHES`` points elsewhere, e.g. at an emptied series to
+#: show that the negative control then fails.
+PATCHES = Path(os.environ.get("NNSIGHT_REPRO_PATCHES") or ROOT / "patches").resolve()
 
 
 class SeriesError(Exception):

@@ -62,17 +62,11 @@ def test_every_envoy_class_pickles_by_reference(bert):
 
 
 @fixed
-def test_envoy_classes_load_in_a_fresh_interpreter(bert):
+def test_envoy_classes_load_in_a_fresh_interpreter(bert, fresh_interpreter):
     classes = sorted({type(e) for e in NNsight(bert()).modules()}, key=lambda c: c.__qualname__)
-    payload = pickle.dumps(classes)
-    # The child only imports nnsight: it has never wrapped an encoder.
-    code = ("import pickle, sys; from nnsight.intervention.envoy import Envoy; "
-            "classes = pickle.loads(sys.stdin.buffer.read()); "
-            "assert all(issubclass(c, Envoy) for c in classes); "
-            "print(' '.join(f'{c.__module__}.{c.__qualname__}' for c in classes))")
-    child = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=120)
-    assert child.returncode == 0, child.stderr.decode()[-2000:]
-    assert child.stdout.decode().split() == [f"{c.__module__}.{c.__qualname__}" for c in classes]
+    out, err = fresh_interpreter.communicate(pickle.dumps(classes), timeout=120)
+    assert fresh_interpreter.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == [f"{c.__module__}.{c.__qualname__}" for c in classes]
 
 
 class ThreadedEnvoy(Envoy):
