@@ -11,13 +11,15 @@ none. For each layer count and environment this measures, on the tiny
 - synthesized envoy classes in one wrapper's tree (distinct class objects whose
   name contains ``Preserved``; 0.7.0 names them all alike), and across all the
   wrappers built while timing;
-- ``NNsight(torch_model)`` construction time, best and median of ``--repeats``
-  (one untimed warm-up first, a fresh copy of the torch model each time, one
-  torch thread);
+- ``NNsight(torch_model)`` construction time, best and median over ``--rounds``
+  processes of ``--repeats`` constructions each, interleaved across
+  environments (one untimed warm-up per process, a fresh copy of the torch
+  model each time, one torch thread);
 - the request ``trace(ids, remote="local")`` serializes: raw bytes (what
   nnsight sends with ``compress=False``) and zstd-compressed (nnsight's own
   level). On ``main`` the trace then fails at deserialization; serialization
   happens first, so the size is still measured and the error is recorded.
+  ``--explain`` also breaks each request down by envoy field (from the pickle).
 
 It prints numbers and ratios against the bars; it asserts nothing. Run from the
 project root with the system python (stdlib only here; each measurement runs
@@ -223,6 +225,207 @@ def measure(layers: int, repeats: int, dump: Optional[str], request: bool = True
 
 
 # ---------------------------------------------------------------------------
+# Request anatomy (--explain): which bytes of a request belong to which envoy
+# field. Stdlib only (pickletools), so it runs in the driver on saved payloads.
+# ---------------------------------------------------------------------------
+
+#: Objects counted as envoys: classes with "Envoy" in the name, or a root wrapper.
+WRAPPERS = {"NNsight", "LanguageModel", "TransformersModel"}
+_MUTATORS = {"SETITEM", "SETITEMS", "APPEND", "APPENDS", "BUILD", "ADDITEMS"}
+FIELD_NOTES = {
+    "_module": "_module (pers. id 'Module:<path>')",
+    "path": "path ('model.<dotted path>')",
+    "<class + object/dict framing>": "class + framing (+ by-value classes)",
+}
+
+
+class _Item:
+    """A value on the simulated pickle stack and the span of bytes that built it."""
+
+    __slots__ = ("start", "end", "value", "is_object", "cls", "entries", "state", "canonical")
+
+    def __init__(self, start: int, end: int, value=None, is_object: bool = False, cls=None):
+        self.start, self.end, self.value, self.is_object, self.cls = start, end, value, is_object, cls
+        self.entries: list = []  # (key item, value item) of a dict
+        self.state = None  # what BUILD set on an object
+        self.canonical = self  # a memo reference points at the item it refers to
+
+
+def _class_name(item) -> Optional[str]:
+    value = item.canonical.value if item is not None else None
+    if isinstance(value, tuple) and value and value[0] in ("global", "skeleton"):
+        return value[-1]
+    return None
+
+
+def _pickled_objects(data: bytes) -> list:
+    """Every object a BUILD gave state to, with its class and byte span (a pickle-machine simulation)."""
+    import pickletools
+
+    ops = list(pickletools.genops(data))
+    stack: list = []
+    marks: List[int] = []
+    memo: dict = {}
+    built = []
+    for index, (op, arg, pos) in enumerate(ops):
+        end = ops[index + 1][2] if index + 1 < len(ops) else len(data)
+        name = op.name
+        if name in ("PROTO", "FRAME", "STOP"):
+            continue
+        if name == "MARK":
+            marks.append(len(stack))
+            continue
+        if name == "MEMOIZE":
+            memo[len(memo)] = stack[-1].canonical
+            continue
+        if name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = stack[-1].canonical
+            continue
+        if name in ("GET", "BINGET", "LONG_BINGET"):
+            ref = _Item(pos, end, memo[arg].value)
+            ref.canonical = memo[arg]
+            stack.append(ref)
+            continue
+        before = op.stack_before
+        if pickletools.markobject in before:
+            sliced = stack[marks.pop():]
+            del stack[len(stack) - len(sliced):]
+            fixed = before.index(pickletools.markobject)
+        else:
+            sliced, fixed = [], len(before)
+        popped = (stack[len(stack) - fixed:] if fixed else []) + sliced
+        if fixed:
+            del stack[-fixed:]
+        if name in _MUTATORS:
+            target = popped[0]
+            if name in ("SETITEM", "SETITEMS"):
+                pairs = popped[1:]
+                target.canonical.entries.extend(zip(pairs[0::2], pairs[1::2]))
+            elif name == "BUILD":
+                target.canonical.state = popped[1]
+                if target.canonical.is_object:
+                    built.append(target.canonical)
+            target.end = end
+            stack.append(target)
+            continue
+        if name in ("POP", "POP_MARK"):
+            continue
+        if name == "DUP":
+            stack.extend(popped + popped)
+            continue
+        start = min([p.start for p in popped] + [pos])
+        value, is_object = (arg if isinstance(arg, str) else None), False
+        if name == "GLOBAL":
+            module, _, qualname = arg.partition(" ")
+            value = ("global", module, qualname)
+        elif name == "STACK_GLOBAL":
+            value = ("global", popped[0].canonical.value, popped[1].canonical.value)
+        elif name.startswith("TUPLE") or name == "EMPTY_TUPLE":
+            value = tuple(p.canonical.value for p in popped)
+        elif name in ("NEWOBJ", "NEWOBJ_EX", "OBJ", "INST"):
+            is_object = True
+        elif name == "REDUCE":
+            function, args = popped[0].canonical.value, popped[1].canonical.value
+            if isinstance(function, tuple) and function[-1] == "_make_skeleton_class" and isinstance(args, tuple):
+                value = ("skeleton", args[1])  # cloudpickle: a class pickled by value
+            else:
+                is_object = True
+        stack.append(_Item(start, end, value, is_object, popped[0] if is_object and popped else None))
+    return built
+
+
+def request_anatomy(data: bytes) -> dict:
+    """Bytes of a request by envoy field, each envoy's own bytes only (its child envoys excluded).
+
+    A value already in the pickle's memo costs only a reference where it
+    appears again; a class pickled by value is counted with the first envoy
+    that uses it, under "class + framing".
+    """
+    seen, envoys = set(), []
+    for obj in _pickled_objects(data):
+        name = _class_name(obj.cls) or ""
+        if ("Envoy" in name or name in WRAPPERS) and id(obj) not in seen:
+            seen.add(id(obj))
+            envoys.append(obj)
+    if not envoys:
+        return {"bytes": len(data), "envoys": 0}
+    ordered = sorted(envoys, key=lambda o: (o.start, -o.end))
+    children: Dict[int, list] = {id(o): [] for o in ordered}
+    open_: list = []
+    for obj in ordered:
+        while open_ and not (open_[-1].start <= obj.start and obj.end <= open_[-1].end):
+            open_.pop()
+        if open_:
+            children[id(open_[-1])].append(obj)
+        open_.append(obj)
+    fields: Dict[str, int] = {}
+    counts: Dict[str, int] = {}
+    classes: Dict[str, int] = {}
+
+    def add(field: str, size: int) -> None:
+        fields[field] = fields.get(field, 0) + size
+        counts[field] = counts.get(field, 0) + 1
+
+    for obj in envoys:
+        name = _class_name(obj.cls)
+        classes[name] = classes.get(name, 0) + 1
+        kids = children[id(obj)]
+        own = (obj.end - obj.start) - sum(k.end - k.start for k in kids)
+        accounted = 0
+        state = obj.state.canonical if obj.state is not None else None
+        for key, value in state.entries if state is not None else []:
+            nested = sum(k.end - k.start for k in kids if value.start <= k.start and k.end <= value.end)
+            size = (key.end - key.start) + (value.end - value.start) - nested
+            child = value.canonical.is_object and value.canonical in kids
+            add("<child envoy attribute>" if child else str(key.canonical.value), size)
+            accounted += size
+        add("<class + object/dict framing>", own - accounted)
+    tree = ordered[0].end - ordered[0].start
+    return {"bytes": len(data), "envoys": len(envoys), "envoy_classes": classes, "envoy_tree_bytes": tree,
+            "outside_envoy_tree_bytes": len(data) - tree, "fields": fields, "field_counts": counts}
+
+
+def print_anatomy(names: List[str], results: Dict[str, dict]) -> None:
+    anatomies = {n: results.get(n, {}).get("request_anatomy") for n in names}
+    anatomies = {n: a for n, a in anatomies.items() if a and a.get("envoys")}
+    if not anatomies:
+        return
+    width = 14
+    shown = list(anatomies)
+    print(f"\n{'request anatomy (raw bytes)':40}" + "".join(f"{n:>{width}}" for n in shown))
+
+    def row(label, get, fmt="{:,}"):
+        cells = []
+        for n in shown:
+            value = get(anatomies[n])
+            cells.append("-" if value is None else fmt.format(value))
+        print(f"{label:40}" + "".join(f"{c:>{width}}" for c in cells))
+
+    row("total", lambda a: a["bytes"])
+    row("outside the envoy tree", lambda a: a["outside_envoy_tree_bytes"])
+    row("envoy tree", lambda a: a["envoy_tree_bytes"])
+    row("envoys", lambda a: a["envoys"])
+    row("envoy tree / envoy", lambda a: a["envoy_tree_bytes"] / a["envoys"], "{:.1f}")
+
+    def per_envoy(a, field):
+        return a["fields"].get(field) if a["field_counts"].get(field, 0) * 2 > a["envoys"] else None
+
+    per_envoy_fields = sorted({f for a in anatomies.values() for f in a["fields"] if per_envoy(a, f) is not None},
+                              key=lambda f: -max((per_envoy(a, f) or 0) / a["envoys"] for a in anatomies.values()))
+    print("  fields on most envoys, bytes per envoy:")
+    for field in per_envoy_fields:
+        row(f"    {FIELD_NOTES.get(field, field)}",
+            lambda a: None if per_envoy(a, field) is None else per_envoy(a, field) / a["envoys"], "{:.1f}")
+    row("    sum", lambda a: sum(per_envoy(a, f) or 0 for f in a["fields"]) / a["envoys"], "{:.1f}")
+    row("  fields of the root wrapper only (total)",
+        lambda a: sum(v for f, v in a["fields"].items() if per_envoy(a, f) is None))
+    for n in shown:
+        few = {f: v for f, v in anatomies[n]["fields"].items() if per_envoy(anatomies[n], f) is None and v >= 100}
+        if few:
+            print(f"    {n}: " + ", ".join(f"{f} {v:,}" for f, v in sorted(few.items(), key=lambda x: -x[1])))
+
+
+# ---------------------------------------------------------------------------
 # Driver: system python, stdlib only.
 # ---------------------------------------------------------------------------
 
@@ -312,7 +515,7 @@ def print_table(layers: int, repeats: int, rounds: int, names: List[str], result
     print(f"{'':34}" + "".join(f"{n:>{width}}" for n in names))
     rows = [
         ("nnsight", lambda r: r.get("versions", {}).get("nnsight"), "str"),
-        ("envoys in tree", lambda r: r.get("envoys"), "int"),
+        ("envoys in NNsight tree", lambda r: r.get("envoys"), "int"),
         ("synthesized classes / tree", lambda r: r.get("synthesized_classes"), "int"),
         ("  distinct over all wrappers", lambda r: r.get("synthesized_classes_all_wrappers"), "int"),
         ("construct best (ms)", lambda r: r.get("construct_best_s"), "ms"),
@@ -370,6 +573,8 @@ def driver(args) -> int:
     results: Dict[str, Dict[str, dict]] = {}
     ratios: Dict[str, List[dict]] = {}
     failed = False
+    scratch = tempfile.TemporaryDirectory(prefix="bench-overloaded-mount-payloads-")
+    dump = args.dump_payloads or (scratch.name if args.explain else None)
     for layers in layer_counts:
         rounds: Dict[str, List[dict]] = {name: [] for name in names}
         for round_ in range(args.rounds):
@@ -379,8 +584,11 @@ def driver(args) -> int:
                 print(f"[bench] {layers} layers, round {round_ + 1}/{args.rounds}: {name} ...",
                       file=sys.stderr, flush=True)
                 # The request is deterministic: measure it once, in the first round.
-                record = run_one(loaded[name], layers, args.repeats, args.dump_payloads, args.timeout,
-                                 request=round_ == 0)
+                record = run_one(loaded[name], layers, args.repeats, dump, args.timeout, request=round_ == 0)
+                if args.explain and record.get("request_dump"):
+                    record["request_anatomy"] = request_anatomy(Path(record["request_dump"]).read_bytes())
+                    if not args.dump_payloads:
+                        del record["request_dump"]
                 rounds[name].append(record)
                 failed |= "failed" in record
                 if record.get("versions"):
@@ -389,7 +597,11 @@ def driver(args) -> int:
         results[str(layers)] = per_env
         ratios[str(layers)] = ratios_for(layers, per_env)
         print_table(layers, args.repeats, args.rounds, names, per_env, ratios[str(layers)])
+        if args.explain:
+            print_anatomy(names, per_env)
+        sys.stdout.flush()
     provenance["loadavg_end"] = os.getloadavg()
+    scratch.cleanup()
 
     if args.json:
         document = {
@@ -417,6 +629,8 @@ def main(argv=None) -> int:
     parser.add_argument("--envs", default=",".join(ENVS), help=f"comma-separated environments (default {','.join(ENVS)})")
     parser.add_argument("--no-build", action="store_true", help="fail instead of building a missing environment")
     parser.add_argument("--dump-payloads", metavar="DIR", help="keep each serialized request in DIR for inspection")
+    parser.add_argument("--explain", action="store_true",
+                        help="also break each request down by envoy field (bytes per envoy), from the pickle itself")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement process")
     # Internal: the measurement half, run by an environment's python.
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
