@@ -116,7 +116,8 @@ def check_synthesized_classes(subject: Subject) -> dict:
     made = {t for t in map(type, subject.model.modules()) if t not in declared and "Preserved" in t.__name__}
     names = sorted({f"{t.__module__}.{t.__qualname__}" for t in made})
     overloaded = sum(1 for e in subject.model.modules() if subject.line.collides(e))
-    return {"ok": len(made) <= 1, "count": len(made), "classes": names, "envoys_with_colliding_child": overloaded}
+    return {"ok": len(made) <= 1, "count": len(made), "classes": names, "envoys_with_colliding_child": overloaded,
+            "reason": f"{len(made)} classes for {overloaded} envoys"}
 
 
 def check_serializer_round_trip(subject: Subject) -> dict:
@@ -153,7 +154,8 @@ def check_remote_key(subject: Subject) -> dict:
         rebuilt = type(subject.model).from_model_key(f"{import_path}:{json.dumps(fields)}")
     rebuilt_class = type(rebuilt._module).__name__
     return {"ok": rebuilt_class == subject.entry.model_class, "key": key,
-            "rebuilt_class": rebuilt_class, "expected_class": subject.entry.model_class}
+            "rebuilt_class": rebuilt_class, "expected_class": subject.entry.model_class,
+            "reason": f"rebuilt as {rebuilt_class}"}
 
 
 def check_embedding_shift(subject: Subject) -> dict:

@@ -110,6 +110,30 @@ def test_bases_with_one_name_in_two_modules_get_distinct_classes(bert):
             sys.modules.pop(module.__name__, None)
 
 
+@fixed
+def test_tree_whose_envoy_base_travels_by_value_round_trips(bert):
+    """A base in a notebook or script is pickled by value, and so is its synthesized class."""
+    import cloudpickle
+    from nnsight.intervention import serialization
+
+    module = types.ModuleType("nnsight_repro_by_value_envoys")
+    sys.modules[module.__name__] = module
+    try:
+        module.Envoy = Envoy
+        exec("class NotebookEnvoy(Envoy):\n    pass", module.__dict__)
+        cloudpickle.register_pickle_by_value(module)
+        tree = NNsight(bert(), envoys=module.NotebookEnvoy)
+        persistent = {"Interleaver": tree.interleaver, **{f"Module:{e.path}": e._module for e in tree.modules()}}
+        payload = serialization.dumps(tree)
+    finally:
+        if module.__name__ in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.pop(module.__name__, None)
+    # The module is gone: only the bytes can bring the class back.
+    loaded = serialization.loads(payload, persistent)
+    assert [e.path for e in loaded.modules()] == [e.path for e in tree.modules()]
+
+
 @pytest.mark.parametrize("name", [
     "Envoy__Preserved_notanattribute",  # not something nnsight serves
     "Envoy__Preserved___class__",       # dunder: never a mount point
