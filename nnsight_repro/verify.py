@@ -59,7 +59,7 @@ def compare(recs: Dict[str, dict]) -> dict:
             per_check[check] = {}
             for env in env_names:
                 result = recs[env]["models"][model].get(check, {"ok": False, "error": "NotRun"})
-                per_check[check][env] = {k: result[k] for k in ("ok", "error", "message") if k in result}
+                per_check[check][env] = {k: result[k] for k in ("ok", "error", "message", "reason") if k in result}
         outcomes[model] = per_check
         numbers[model] = _numbers(model, recs)
     return {
@@ -96,7 +96,8 @@ def markdown(report: dict) -> str:
     ]
     for model, per_check in report["outcomes"].items():
         for check, per_env in per_check.items():
-            cells = ["✓" if per_env[e]["ok"] else f"✗ {per_env[e].get('error', '')}".strip() for e in envs_]
+            cells = ["✓" if per_env[e]["ok"] else
+                     f"✗ {per_env[e].get('error') or per_env[e].get('reason', '')}".strip() for e in envs_]
             lines.append(f"| {model} | {check} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Numbers identical across environments: **{'yes' if report['numbers_identical'] else 'NO'}**")
