@@ -14,11 +14,13 @@ from pathlib import Path
 from . import ROOT, envs, series
 
 TEST_ENVS = ["main", "patched", "upstream-0.8"]
+#: Never checked, but needed: Modal's client (tests/test_modal_verify_patch.py) and matplotlib (verify plots).
+TOOL_ENVS = ["tools"]
 
 
 def cmd_test(args) -> int:
     """Build what the suite needs, then run pytest inside the patched environment."""
-    for name in TEST_ENVS:
+    for name in [*TEST_ENVS, *TOOL_ENVS]:
         envs.ensure(name)
     env = envs.ensure("patched")
     pytest_args = args.pytest_args or ["tests"]
@@ -38,7 +40,7 @@ def cmd_envs(args) -> int:
             print(f"{row['name']:14} {row['state']:10} nnsight {row['nnsight']:6} "
                   f"series={row['series'] or '-':16} {row['path']}")
         return 0
-    names = args.names or list(envs.SPECS)
+    names = args.names or [*envs.SPECS, *envs.TOOLS]
     for name in names:
         env = envs.ensure(name, build=args.action == "build")
         print(env.python if args.action == "python" else env.path)
@@ -90,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
     e.add_argument("action", choices=["build", "status", "path", "python"])
-    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join(envs.SPECS)})")
+    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])})")
     e.set_defaults(run=cmd_envs)
 
     s = sub.add_parser("series", help="check that a patch series applies to its base")

@@ -1,9 +1,14 @@
-"""The environments the project builds and caches: ``main``, ``patched``, ``upstream-0.8``.
+"""The environments the project builds and caches: ``main``, ``patched``, ``upstream-0.8``, and ``tools``.
 
 ``main`` and ``patched`` are built by the same steps from the same nnsight
 0.7.0 sdist; ``patched`` additionally has our series applied to the extracted
 source. So the two differ only by the series. ``upstream-0.8`` is nnsight 0.8.1
 built the same way.
+
+``tools`` is different in kind: it holds the drivers' own dependencies (Modal's
+client for ``modal_verify_patch.py``, matplotlib for the verify report's plots)
+and no nnsight. It is never a subject of the checks, so those tools never sit
+in an environment under test, and adding one never rebuilds the three above.
 
 Each environment is a venv under the project cache with a stamp (``env.json``)
 written last, carrying a digest of everything that went into it: the recipe,
@@ -30,7 +35,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 from . import ROOT, series
 from .paths import cache_dir
@@ -63,15 +68,28 @@ SPECS: Dict[str, Spec] = {
 }
 
 
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    pins: str
+    #: Imported once built, so an install that cannot import is a failed build, not a later surprise.
+    imports: Tuple[str, ...] = ()
+
+
+TOOLS: Dict[str, ToolSpec] = {
+    t.name: t for t in [ToolSpec("tools", "tools.txt", imports=("modal", "matplotlib"))]
+}
+
+
 class EnvError(Exception):
     """An environment cannot be built or used; the message names the fix."""
 
 
-def spec(name: str) -> Spec:
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise EnvError(f"Unknown environment {name!r}; known: {', '.join(SPECS)}.") from None
+def spec(name: str) -> Union[Spec, ToolSpec]:
+    found = SPECS.get(name) or TOOLS.get(name)
+    if found is None:
+        raise EnvError(f"Unknown environment {name!r}; known: {', '.join([*SPECS, *TOOLS])}.")
+    return found
 
 
 def log(message: str) -> None:
@@ -109,13 +127,14 @@ def sdist(version: str, sha256: str) -> Path:
     return path
 
 
-def inputs(s: Spec) -> dict:
+def inputs(s: Union[Spec, ToolSpec]) -> dict:
     """Everything an environment is built from; its digest names the build."""
+    series_name = getattr(s, "series", None)
     return {
         "recipe": RECIPE,
         "spec": asdict(s),
         "pins_sha256": hashlib.sha256((PINS / s.pins).read_bytes()).hexdigest(),
-        "series_digest": series.digest(s.series) if s.series else None,
+        "series_digest": series.digest(series_name) if series_name else None,
         # The interpreter venvs are made from; the same from inside any of our venvs.
         "python": sys.version.split()[0],
         "python_home": sys.base_prefix,
@@ -240,10 +259,8 @@ def ensure(name: str, build: bool = True) -> Env:
         return Env(name, path, _read_stamp(path))
 
 
-def _build(s: Spec, path: Path, wanted: dict, digest: str) -> None:
-    path.mkdir(parents=True)
-    build_log = path / "build.log"
-
+def _stepper(name: str, build_log: Path):
+    """Runs one build command, logging it; a failure raises with the log's tail and where the full log is."""
     def step(description: str, command: List[str], env: Optional[dict] = None) -> str:
         with open(build_log, "a") as fh:
             fh.write(f"\n$ {' '.join(command)}\n")
@@ -252,8 +269,27 @@ def _build(s: Spec, path: Path, wanted: dict, digest: str) -> None:
             fh.write(result.stdout + result.stderr)
         if result.returncode:
             tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-            raise EnvError(f"Building {s.name!r} failed while {description} (full log: {build_log}):\n{tail}")
+            raise EnvError(f"Building {name!r} failed while {description} (full log: {build_log}):\n{tail}")
         return result.stdout
+
+    return step
+
+
+def _write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[str]) -> None:
+    """Written last and renamed into place: its presence means the build finished."""
+    stamp = {"name": name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "packages": freeze}
+    staging = path / "env.json.tmp"
+    staging.write_text(json.dumps(stamp, indent=1))
+    os.replace(staging, path / "env.json")
+
+
+def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> None:
+    path.mkdir(parents=True)
+    step = _stepper(s.name, path / "build.log")
+    if isinstance(s, ToolSpec):
+        _build_tool(s, path, wanted, digest, step)
+        return
 
     archive = sdist(s.nnsight, s.sdist_sha256)
     source = path / "src"
@@ -285,16 +321,24 @@ def _build(s: Spec, path: Path, wanted: dict, digest: str) -> None:
     if installed != s.nnsight:
         raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
     freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    stamp = {"name": s.name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "packages": freeze}
-    staging = path / "env.json.tmp"
-    staging.write_text(json.dumps(stamp, indent=1))
-    os.replace(staging, path / "env.json")
+    _write_stamp(path, s.name, digest, wanted, freeze)
+
+
+def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
+    venv = path / "venv"
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
+    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(PINS / s.pins)])
+    if s.imports:
+        step(f"importing {', '.join(s.imports)}", [python, "-c", "import " + ", ".join(s.imports)])
+    freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
+    _write_stamp(path, s.name, digest, wanted, freeze)
 
 
 def status() -> List[dict]:
     rows = []
-    for name, s in SPECS.items():
+    for name, s in [*SPECS.items(), *TOOLS.items()]:
         path = env_dir(name)
         stamp = _read_stamp(path)
         try:
@@ -304,5 +348,6 @@ def status() -> List[dict]:
         state = ("ready" if stamp and stamp.get("digest") == current else
                  "building" if _building(name) else
                  "stale" if stamp else "half-built" if path.exists() else "missing")
-        rows.append({"name": name, "state": state, "path": str(path), "nnsight": s.nnsight, "series": s.series})
+        rows.append({"name": name, "state": state, "path": str(path), "nnsight": getattr(s, "nnsight", "-"),
+                     "series": getattr(s, "series", None)})
     return rows

@@ -1,32 +1,134 @@
-"""Run the check routine in several environments and compare what they recorded.
+"""Run the check routine in several environments and turn the records into one report.
 
-The same comparison serves the local verify (``nnsight-repro verify``), the
-negative control in the suite and Modal: records in, one JSON report and one
-markdown table out. Stdlib only; the checks themselves run inside each
-environment.
+The local verify (``nnsight-repro verify``), Modal (``modal_verify_patch.py``)
+and the negative control all go through here: records in, one JSON report, a
+markdown table and one embedding-shift plot per model out. The comparison, the
+report's inputs block, the checks on input before anything runs, and the
+writing each exist once, so a report from Modal and one from this machine
+cannot drift apart. Stdlib only: the checks run inside each environment, the
+plots are drawn in the ``tools`` environment (:mod:`nnsight_repro.plots`).
+
+The report (``SCHEMA``), in this key order:
+
+- ``provenance``: command, date, host, runner (``local`` or ``modal``), machine,
+  and ``details`` the runner adds (how nnsight was built, the GPU asked for);
+- ``inputs``: the series' base (repo, tag, commit), the series (name, digest,
+  patches) and the check routine's digest;
+- ``environments``: each record's environment block (versions, whether
+  nnsight's C extension loaded);
+- ``outcomes``: model -> check -> environment -> ok / error / message / reason;
+- ``numbers``: per model, the digest of every number per environment, and
+  whether they agree; ``numbers_identical`` over all models;
+- ``plots``: model -> the PNG beside the JSON;
+- ``raw``: the records exactly as the check routine wrote them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import shutil
 import socket
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import envs
+from . import envs, series
+from .paths import cache_dir
 
-SCHEMA = "nnsight-repro/verify/1"
+SCHEMA = "nnsight-repro/verify/2"
+
+#: The files whose behaviour the check routine is; their digest is recorded with every report.
+CHECK_ROUTINE_FILES = ("checks.py", "models.py", "lines.py")
 
 
-def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:
-    """The check routine's JSON record from inside ``env_name`` (which must be built)."""
-    env = envs.ensure(env_name, build=False)
+# Before anything runs --------------------------------------------------------
+
+def selection(models: Optional[Sequence[str]] = None,
+              checks: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
+    """The models and checks to run (default: all), refused by name before any environment is touched."""
+    from . import checks as routine
+
+    chosen_models = [m for m in (models or []) if m] or list(routine.models.PANEL)
+    chosen_checks = [c for c in (checks or []) if c] or list(routine.CHECKS)
+    try:
+        routine.validate(chosen_models, chosen_checks)
+    except ValueError as exc:
+        raise envs.EnvError(str(exc)) from None
+    return chosen_models, chosen_checks
+
+
+def split(names: Optional[str]) -> Optional[List[str]]:
+    """``"a,b"`` -> ``["a", "b"]``; empty or None -> None (meaning: all)."""
+    return [n.strip() for n in names.split(",") if n.strip()] if names else None
+
+
+def preflight(series_name: str, *, repo: Optional[str] = None, tag: Optional[str] = None,
+              commit: Optional[str] = None) -> series.Base:
+    """Refuse a series whose base is not the one a caller pins, or that does not apply to it.
+
+    ``repo``/``tag``/``commit`` are what a caller builds from (Modal pins them in
+    its image). The series is applied with ``git am`` to the released sdist of its
+    base, once per (series digest, sdist); later calls read a marker. Raises
+    ``SeriesError`` naming what to fix, before any environment is built or run.
+    """
+    base = series.base(series_name)
+    for label, pinned, named in [("repository", repo, base.repo), ("tag", tag, base.tag),
+                                 ("commit", commit, base.commit)]:
+        if pinned is not None and pinned != named:
+            raise series.SeriesError(
+                f"The base {label} this build pins is {pinned}, but patches/{series_name}/series names "
+                f"{base.describe()}. Pin the series' base, or re-cut the series onto {pinned}.")
+    spec = _spec_applying(series_name)
+    archive_sha = spec.sdist_sha256
+    marker = cache_dir() / "preflight" / f"{series_name}-{series.digest(series_name)[:16]}-{archive_sha[:16]}.ok"
+    if not marker.is_file():
+        series.am_onto_tree(series_name, base_tree(series_name))
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"git am of patches/{series_name} onto {base.describe()} succeeded\n")
+    return base
+
+
+def _spec_applying(series_name: str) -> envs.Spec:
+    for spec in envs.SPECS.values():
+        if spec.series == series_name:
+            return spec
+    raise series.SeriesError(f"No environment applies the series {series_name!r}; "
+                             f"known: {', '.join(s.series for s in envs.SPECS.values() if s.series)}.")
+
+
+def base_tree(series_name: str) -> Path:
+    """The released sdist of the series' base, extracted once into the cache (hash-checked by ``envs.sdist``)."""
+    spec = _spec_applying(series_name)
+    target = cache_dir() / "sdists" / f"nnsight-{spec.nnsight}"
+    if not target.is_dir():
+        archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(scratch, filter="data")
+            # Another process may have won the race; its tree is the same archive.
+            try:
+                os.rename(scratch / f"nnsight-{spec.nnsight}", target)
+            except OSError:
+                if not target.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+# Running the routine ---------------------------------------------------------
+
+def record_in(env: envs.Env, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:
+    """The check routine's JSON record from inside ``env`` (local cache or a Modal image alike)."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "record.json"
         args = ["-m", "nnsight_repro.checks", "--out", str(out)]
@@ -36,9 +138,14 @@ def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[L
             args += ["--checks", ",".join(checks)]
         result = env.run(args, timeout=1800)
         if result.returncode or not out.is_file():
-            raise RuntimeError(f"the check routine failed in {env_name!r} (exit {result.returncode}):\n"
+            raise RuntimeError(f"the check routine failed in {env.name!r} (exit {result.returncode}):\n"
                                f"{result.stderr.strip()[-3000:]}")
         return json.loads(out.read_text())
+
+
+def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:
+    """The check routine's JSON record from inside the cached environment ``env_name`` (which must be built)."""
+    return record_in(envs.ensure(env_name, build=False), models, checks)
 
 
 def records(env_names: List[str], models=None, checks=None) -> Dict[str, dict]:
@@ -46,6 +153,8 @@ def records(env_names: List[str], models=None, checks=None) -> Dict[str, dict]:
         futures = {name: pool.submit(record, name, models, checks) for name in env_names}
         return {name: future.result() for name, future in futures.items()}
 
+
+# The comparison --------------------------------------------------------------
 
 def compare(recs: Dict[str, dict]) -> dict:
     """Check outcomes side by side, and whether every number agrees across environments."""
@@ -88,6 +197,70 @@ def _numbers(model: str, recs: Dict[str, dict]) -> dict:
     return {"digests": seen, "identical": identical}
 
 
+# The report ------------------------------------------------------------------
+
+def check_routine_digest(package: Path = Path(__file__).resolve().parent) -> str:
+    """sha256 over the check routine's files, each name and content separated, in ``CHECK_ROUTINE_FILES`` order."""
+    h = hashlib.sha256()
+    for name in CHECK_ROUTINE_FILES:
+        h.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def inputs(series_name: str, routine_digest: Optional[str] = None) -> dict:
+    base = series.base(series_name)
+    return {
+        "base": {"repo": base.repo, "tag": base.tag, "commit": base.commit},
+        "series": {"name": series_name, "digest": series.digest(series_name),
+                   "patches": [p.name for p in series.patches(series_name)]},
+        "check_routine": {"digest": routine_digest or check_routine_digest(), "files": list(CHECK_ROUTINE_FILES)},
+    }
+
+
+def machine() -> dict:
+    """Where the checks ran; called inside a Modal container too, so GPUs are looked up, not assumed."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpus: List[str] = []
+    if shutil.which("nvidia-smi"):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        gpus = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu": cpu,
+            "cpus": os.cpu_count(), "gpus": gpus}
+
+
+def provenance(argv: List[str], runner: str = "local", where: Optional[dict] = None,
+               details: Optional[dict] = None) -> dict:
+    return {
+        "command": " ".join(argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "runner": runner,
+        "machine": where or machine(),
+        "details": details or {},
+    }
+
+
+def report(recs: Dict[str, dict], *, argv: List[str], runner: str, series_name: str,
+           routine_digest: Optional[str] = None, where: Optional[dict] = None,
+           details: Optional[dict] = None) -> dict:
+    """The whole report from the records; the one function the local verify and Modal both call."""
+    compared = compare(recs)
+    return {
+        "schema": compared["schema"],
+        "provenance": provenance(argv, runner, where, details),
+        "inputs": inputs(series_name, routine_digest),
+        **{k: v for k, v in compared.items() if k != "schema"},
+    }
+
+
 def markdown(report: dict) -> str:
     envs_ = list(report["environments"])
     lines = [
@@ -107,60 +280,71 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def provenance(argv: List[str]) -> dict:
-    return {
-        "command": " ".join(argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "runner": "local",
-    }
-
-
 def write(report: dict, out_dir: Path, stem: str) -> Path:
-    """JSON and markdown side by side; each written to a temporary name first, then renamed."""
+    """JSON and markdown side by side (each written to a temporary name first, then renamed), then the plots."""
+    from . import plots
+
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = {k: v for k, v in report.items() if k not in ("plots", "raw")} | {
+        "plots": plots.file_names(report, stem), "raw": report["raw"]}
     target = out_dir / f"{stem}.json"
     for path, text in [(target, json.dumps(report, indent=1, sort_keys=False)),
                        (out_dir / f"{stem}.md", _md_with_provenance(report))]:
         staging = path.with_name(f".{path.name}.tmp")
         staging.write_text(text)
         os.replace(staging, path)
+    plots.draw_beside(target)
     return target
 
 
 def _md_with_provenance(report: dict) -> str:
-    p = report.get("provenance", {})
-    versions = "; ".join(f"{e}: nnsight {v['nnsight']}, torch {v['torch']}, transformers {v['transformers']}"
-                         for e, v in report["environments"].items())
+    p, i = report["provenance"], report["inputs"]
+    versions = ["| environment | nnsight | C extension | torch | transformers | python |", "|---|---|---|---|---|---|"]
+    versions += [f"| {e} | {v['nnsight']} | {'present' if v.get('nnsight_c_extension') else 'absent'} | "
+                 f"{v['torch']} | {v['transformers']} | {v['python']} |" for e, v in report["environments"].items()]
+    details = "".join(f"- {k}: {json.dumps(v) if not isinstance(v, str) else v}\n" for k, v in p["details"].items())
+    where = p["machine"]
+    plot_lines = "".join(f"![{model}]({name})\n\n" for model, name in report.get("plots", {}).items())
     return (f"# Verify: check routine across environments\n\n"
-            f"Made by `{p.get('command', '?')}` on {p.get('host', '?')} at {p.get('date', '?')}.\n"
-            f"Versions: {versions}.\n\n" + markdown(report))
+            f"Made by `{p['command']}` ({p['runner']}) on {p['host']} at {p['date']}; checks ran on "
+            f"{where['hostname']} ({where['cpu']}, {where['cpus']} CPUs"
+            f"{', GPUs: ' + '; '.join(where['gpus']) if where['gpus'] else ''}).\n\n"
+            f"- base: {i['base']['repo']} {i['base']['tag']} `{i['base']['commit']}`\n"
+            f"- series {i['series']['name']}: digest `{i['series']['digest']}` ({len(i['series']['patches'])} patches)\n"
+            f"- check routine ({', '.join(i['check_routine']['files'])}): digest `{i['check_routine']['digest']}`\n"
+            + details + "\n" + "\n".join(versions) + "\n\n" + markdown(report) + "\n" + plot_lines)
 
+
+# The local verify ------------------------------------------------------------
 
 def main(args) -> int:
     names = args.envs.split(",")
-    for name in names:
-        envs.spec(name)  # unknown environment: error before building anything
-    models = args.models.split(",") if args.models else None
-    checks = args.checks.split(",") if args.checks else None
-    _validate(models, checks)
-    for name in names:
+    specs = [envs.spec(name) for name in names]  # unknown environment: error before building anything
+    models, checks = selection(split(args.models), split(args.checks))
+    for s in specs:
+        if getattr(s, "series", None):
+            preflight(s.series)
+    for name in [*names, "tools"]:
         envs.ensure(name)
-    report = compare(records(names, models, checks))
-    report["provenance"] = provenance(["python3 -m nnsight_repro", *sys.argv[1:]])
+    started = time.monotonic()
+    recs = records(names, models, checks)
+    applied = next((s.series for s in specs if getattr(s, "series", None)), envs.spec("patched").series)
+    details = {
+        "nnsight_source": {s.name: f"nnsight-{s.nnsight}.tar.gz (sha256 {s.sdist_sha256})"
+                                   + (f" + git apply of patches/{s.series}" if s.series else "")
+                           for s in specs},
+        "check_seconds": round(time.monotonic() - started, 1),
+    }
+    rep = report(recs, argv=["python3 -m nnsight_repro", *sys.argv[1:]], runner="local",
+                 series_name=applied, details=details)
     stem = "local-" + time.strftime("%Y%m%d-%H%M%S")
-    path = write(report, Path(args.out), stem)
-    print(markdown(report))
-    print(f"wrote {path} and {path.with_suffix('.md')}")
+    path = write(rep, Path(args.out), stem)
+    print(markdown(rep))
+    print(f"wrote {path}, {path.with_suffix('.md')} and {len(plots_of(path))} plots beside them")
     return 0
 
 
-def _validate(models, checks) -> None:
-    """Unknown names are rejected here, before any environment is built or run."""
-    from . import checks as routine
-
-    try:
-        routine.validate(models or list(routine.models.PANEL), checks or routine.CHECKS)
-    except ValueError as exc:
-        raise envs.EnvError(str(exc)) from None
+def plots_of(report_json: Path) -> List[Path]:
+    written = json.loads(Path(report_json).read_text()).get("plots", {})
+    return [Path(report_json).parent / name for name in written.values()]
