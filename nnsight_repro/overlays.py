@@ -1,0 +1,102 @@
+"""Package overlays: one other version of a package, put in front of an environment's own.
+
+Some upstream incompatibilities only show with another release of a
+dependency (nnsight 0.8.1 with transformers 5.23). Building a whole
+environment for each would cost minutes and a gigabyte; an overlay is just
+that one distribution, installed with ``pip install --no-deps --target`` into
+the project cache and put first on ``PYTHONPATH``. Everything else — torch,
+tokenizers, huggingface_hub, nnsight — stays the environment's own, so a
+difference in behaviour is the overlaid package's doing.
+
+``--no-deps`` is deliberate: the overlay must not drag in a second copy of
+anything the environment already pins. An overlay whose requirements the
+environment does not meet fails at import, which a repro notices.
+
+Like an environment, an overlay is built into a staging directory, stamped
+last and renamed into place, under a lock: a half-built one is never used.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from .paths import cache_dir
+
+
+class OverlayError(Exception):
+    """An overlay cannot be built; the message says why."""
+
+
+def overlay_dir(requirement: str) -> Path:
+    # One directory per exact pin, e.g. transformers==5.23.0 -> transformers-5.23.0.
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+\-]+", requirement):
+        raise OverlayError(f"An overlay needs an exact pin like 'transformers==5.23.0', not {requirement!r}.")
+    return cache_dir() / "overlays" / requirement.replace("==", "-")
+
+
+def _stamp(path: Path) -> Optional[dict]:
+    try:
+        return json.loads((path / "overlay.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure(requirement: str, python: Path) -> Path:
+    """The directory to put first on ``PYTHONPATH`` for ``requirement``, built once with ``python``'s pip."""
+    target = overlay_dir(requirement)
+    stamp = _stamp(target)
+    if stamp and stamp.get("requirement") == requirement:
+        return target / "site"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = _stamp(target)
+        if stamp and stamp.get("requirement") == requirement:
+            return target / "site"
+        shutil.rmtree(target, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            result = subprocess.run(
+                [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--quiet",
+                 "--no-deps", "--no-compile", "--target", str(staging / "site"), requirement],
+                capture_output=True, text=True,
+            )
+            if result.returncode:
+                tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-10:])
+                raise OverlayError(f"pip could not install {requirement} as an overlay:\n{tail}")
+            (staging / "overlay.json").write_text(json.dumps({"requirement": requirement, "python": str(python)}))
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target / "site"
+
+
+def with_series(env, series_name: str, destination: Path) -> Path:
+    """A copy of ``env``'s installed nnsight with a fix series applied; put the result first on ``PYTHONPATH``.
+
+    The installed package, not the source tree, because only the installed
+    copy carries the compiled ``.save()`` extension. Its ``.py`` files are
+    the sdist's byte for byte, so the series' base check holds for them; the
+    tests the series touches come from the environment's source tree. The
+    copy is laid out as that tree (``src/nnsight``, ``tests``) so the series
+    applies with the project's own ``series.apply``.
+    """
+    from . import series
+
+    destination = Path(destination)
+    installed = sorted(env.path.glob("venv/lib/python*/site-packages/nnsight"))
+    if len(installed) != 1:
+        raise OverlayError(f"Expected one installed nnsight under {env.path}/venv, found {len(installed)}.")
+    shutil.copytree(installed[0], destination / "src" / "nnsight", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(env.source / "tests", destination / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    series.apply(series_name, destination)
+    return destination / "src"

@@ -1,0 +1,307 @@
+"""Minimal offline repros of upstream incompatibilities found while probing.
+
+Each repro asserts what upstream does *today*, so it turns red the day
+upstream changes it (then update the repro, and drop the fix we carry). Where
+we carry a small fix (``patches/nnsight-v0.7.0-extras``,
+``patches/nnsight-v0.8.1-extras``), a second test runs the same repro with the
+fix applied to a copy of the environment's installed nnsight and asserts the
+bug is gone, so each repro fails where the bug is and passes where fixed.
+
+Every repro runs in a child process of the environment it is about (``main``
+is nnsight 0.7.0 as released, ``upstream-0.8`` is 0.8.1), from a script file:
+0.7.0's serializer reads lambda source through ``inspect``, which needs a
+file. A different transformers comes from an overlay (``nnsight_repro.overlays``)
+put first on ``PYTHONPATH``; nothing else in the environment changes.
+
+Not reproduced here: multimolecule 0.2.2's ERNIE-RNA forward on transformers
+5.24 itself (multimolecule is not in any environment; it pulls in datasets,
+pandas and matplotlib and takes 10-14 s to import). What is reproduced is the
+transformers 5.24 change it trips on, with an output class shaped like
+``ErnieRnaModelOutputWithPastAndCrossAttentions``.
+"""
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nnsight_repro import ROOT, envs, models, overlays, series
+
+EXTRAS_07 = "nnsight-v0.7.0-extras"
+EXTRAS_08 = "nnsight-v0.8.1-extras"
+
+#: The exact messages upstream gives today.
+NO_TOKENIZER = ("Exception: Impossible to guess which tokenizer to use. Please provide a PreTrainedTokenizer "
+                "class or a path/identifier to a pretrained tokenizer.")
+NO_TOKENIZE_ERROR = "AttributeError: module 'tokenize' has no attribute 'TokenizeError'"
+
+# nnsight 0.8.1 builds a TransformersModel from a path on meta (dispatch=False),
+# the first thing a server does with a model key.
+META_BUILD = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+from importlib.metadata import version
+import transformers
+from nnsight.modeling.transformers import TransformersModel
+record = {"nnsight": version("nnsight"), "transformers": transformers.__version__}
+try:
+    record["built"] = type(TransformersModel(sys.argv[1], task="fill-mask")._module).__name__
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(record))
+"""
+
+# What ndif 0.1.2's evaluator calls (ndif/services/ray/deployments/controller/
+# cluster/evaluator.py, lines 155 and 161 of the wheel).
+NDIF_012_CALLS = """
+import json
+from importlib.metadata import version
+from nnsight.modeling.mixins.remotable import Remotable
+KEY = ('nnsight.modeling.transformers.TransformersModel:'
+       '{"repo_id": "org/tiny-bert", "revision": null, "task": "fill-mask"}')
+record = {"nnsight": version("nnsight")}
+for name, call in [
+    ("describe_checkpoint", lambda: Remotable.describe_checkpoint(KEY, "float32", trust_remote_code=False)),
+    ("max_tp_size", lambda: Remotable.max_tp_size(KEY, trust_remote_code=False)),
+]:
+    try:
+        call()
+        record[name] = "accepted"
+    except Exception as exc:
+        record[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(record))
+"""
+
+# nnsight 0.7.0: a lambda that starts on a continuation line, reached by a
+# remote="local" trace. inspect gives its source as "           lambda ...]".
+CONTINUATION_LAMBDA = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+from nnsight import LanguageModel
+from nnsight_repro import models
+model = LanguageModel(models.build_model(models.get("gpt2")), tokenizer=models.build_tokenizer(False))
+ids = models.token_ids(model.tokenizer, models.SENTENCE)
+readers = [lambda block: block.output[0],
+           lambda block: block.output[0] * 2]
+with model.trace(ids):
+    local = readers[1](model.transformer.h[0]).save()
+record = {}
+try:
+    with model.trace(ids, remote="local"):
+        simulated = readers[1](model.transformer.h[0]).save()
+    record["equals_local"] = bool(torch.equal(local, simulated))
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(record))
+"""
+
+# nnsight 0.7.0: session(remote="local"), with RemoteBackend's constructor
+# replaced by one that records the key and refuses, so nothing reaches a network.
+SESSION_REMOTE_LOCAL = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+from nnsight import LanguageModel
+from nnsight.intervention.backends.remote import RemoteBackend
+from nnsight.modeling import huggingface
+from nnsight_repro import models
+built = []
+def refuse(self, key, *args, **kwargs):
+    built.append(key)
+    raise RuntimeError("RemoteBackend constructed")
+RemoteBackend.__init__ = refuse
+model = LanguageModel(models.build_model(models.get("gpt2")), tokenizer=models.build_tokenizer(False))
+huggingface.ID_CACHE[model.repo_id] = "nnsight-repro/gpt2"  # minting a key must not ask the Hub
+ids = models.token_ids(model.tokenizer, models.SENTENCE)
+with model.trace(ids):
+    local = model.transformer.h[0].output[0].save()
+record = {}
+try:
+    with model.session(remote="local"):
+        with model.trace(ids):
+            simulated = model.transformer.h[0].output[0].save()
+    record["equals_local"] = bool(torch.equal(local, simulated))
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+record["remote_backends"] = built
+print(json.dumps(record))
+"""
+
+# transformers 5.24 renames a `past_key_values=` argument to `cache` in the
+# __init__ of every ModelOutput dataclass, also one that declares
+# `past_key_values` itself, as multimolecule 0.2.2's ERNIE-RNA output does
+# (and builds it with past_key_values=..., modeling_ernierna.py:722).
+OUTPUT_WITH_PAST = """
+import json
+from dataclasses import dataclass
+import torch, transformers
+from transformers.utils import ModelOutput
+@dataclass
+class EncoderOutputWithPast(ModelOutput):
+    last_hidden_state: torch.FloatTensor = None
+    past_key_values: tuple | None = None
+record = {"transformers": transformers.__version__}
+try:
+    EncoderOutputWithPast(last_hidden_state=torch.zeros(1), past_key_values=None)
+    record["built"] = True
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(record))
+"""
+
+
+@dataclass(frozen=True)
+class Repro:
+    env: str
+    script: str
+    overlay: str | None = None  # a pinned package put first on PYTHONPATH
+    fix: str | None = None  # a fix series applied to a copy of the installed nnsight
+    args: tuple = ()
+
+
+def bert_dir() -> str:
+    # Built by this (patched) interpreter; transformers is 5.22.2 in every env, so it loads anywhere.
+    return str(models.saved_model("bert-mlm"))
+
+
+REPROS = {
+    "meta_081_tf523": Repro("upstream-0.8", META_BUILD, overlay="transformers==5.23.0", args=("BERT",)),
+    "meta_081_tf5222": Repro("upstream-0.8", META_BUILD, args=("BERT",)),
+    "meta_081_tf523_fixed": Repro("upstream-0.8", META_BUILD, overlay="transformers==5.23.0", fix=EXTRAS_08,
+                                  args=("BERT",)),
+    "ndif_012_calls": Repro("upstream-0.8", NDIF_012_CALLS),
+    "lambda_070": Repro("main", CONTINUATION_LAMBDA),
+    "lambda_070_fixed": Repro("main", CONTINUATION_LAMBDA, fix=EXTRAS_07),
+    "session_070": Repro("main", SESSION_REMOTE_LOCAL),
+    "session_070_fixed": Repro("main", SESSION_REMOTE_LOCAL, fix=EXTRAS_07),
+    "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
+}
+
+
+def run(name: str, repro: Repro, scratch: Path, bert: str) -> dict:
+    env = envs.ensure(repro.env, build=False)
+    path = [str(ROOT)]
+    if repro.overlay:
+        path.insert(0, str(overlays.ensure(repro.overlay, env.python)))
+    if repro.fix:
+        path.insert(0, str(overlays.with_series(env, repro.fix, scratch / f"{name}-fixed")))
+    script = scratch / f"{name}.py"
+    script.write_text(repro.script)
+    args = [bert if a == "BERT" else a for a in repro.args]
+    result = env.run([str(script), *args], cwd=scratch, extra_env={"PYTHONPATH": ":".join(path)}, timeout=600)
+    lines = result.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return {"crashed": result.returncode, "stderr": result.stderr[-3000:]}
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    """Every repro's record, run three at a time (each is mostly interpreter start-up and imports)."""
+    scratch = tmp_path_factory.mktemp("repros")
+    bert = bert_dir()
+    # Build each overlay once, before the runs that share it race to.
+    for repro in REPROS.values():
+        if repro.overlay:
+            overlays.ensure(repro.overlay, envs.ensure(repro.env, build=False).python)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(run, name, repro, scratch, bert) for name, repro in REPROS.items()}
+        records = {name: future.result() for name, future in futures.items()}
+    return records.__getitem__
+
+
+# (i) nnsight 0.8.1 with transformers >= 5.23 ------------------------------------
+
+def test_081_on_transformers_523_cannot_build_a_model_from_a_path_on_meta(outcome):
+    record = outcome("meta_081_tf523")
+    assert (record.get("nnsight"), record.get("transformers")) == ("0.8.1", "5.23.0"), record
+    assert record.get("error") == NO_TOKENIZER, record
+
+
+def test_081_on_transformers_5222_builds_a_model_from_a_path_on_meta(outcome):
+    record = outcome("meta_081_tf5222")
+    assert record.get("transformers") == "5.22.2" and record.get("built") == "BertForMaskedLM", record
+
+
+def test_081_with_our_fix_builds_a_model_from_a_path_on_transformers_523(outcome):
+    record = outcome("meta_081_tf523_fixed")
+    assert record.get("transformers") == "5.23.0" and record.get("built") == "BertForMaskedLM", record
+
+
+# (ii) ndif 0.1.2 against nnsight 0.8.1 -------------------------------------------
+
+def test_081_describe_checkpoint_rejects_the_trust_remote_code_ndif_012_passes(outcome):
+    record = outcome("ndif_012_calls")
+    assert record.get("describe_checkpoint") == (
+        "TypeError: Remotable.describe_checkpoint() got an unexpected keyword argument 'trust_remote_code'"), record
+
+
+def test_081_max_tp_size_rejects_the_trust_remote_code_ndif_012_passes(outcome):
+    record = outcome("ndif_012_calls")
+    assert record.get("max_tp_size") == (
+        "TypeError: Remotable.max_tp_size() got an unexpected keyword argument 'trust_remote_code'"), record
+
+
+# (iii) nnsight 0.7.0: tokenize.TokenizeError ---------------------------------------
+
+def test_070_remote_local_trace_fails_on_a_lambda_from_a_continuation_line(outcome):
+    assert outcome("lambda_070").get("error") == NO_TOKENIZE_ERROR, outcome("lambda_070")
+
+
+def test_070_with_our_fix_runs_a_lambda_from_a_continuation_line_remotely(outcome):
+    assert outcome("lambda_070_fixed") == {"equals_local": True}
+
+
+# (iv) nnsight 0.7.0: session(remote="local") ---------------------------------------
+
+def test_070_session_remote_local_builds_a_real_remote_backend(outcome):
+    record = outcome("session_070")
+    assert record.get("error") == "RuntimeError: RemoteBackend constructed", record
+    assert record.get("remote_backends") == [
+        'nnsight.modeling.language.LanguageModel:{"repo_id": "nnsight-repro/gpt2", "revision": null}'], record
+
+
+def test_070_with_our_fix_session_remote_local_is_simulated(outcome):
+    assert outcome("session_070_fixed") == {"equals_local": True, "remote_backends": []}
+
+
+# (v) transformers 5.24 and output classes that declare past_key_values --------------
+
+def test_transformers_524_rejects_past_key_values_on_an_output_class_that_declares_it(outcome):
+    record = outcome("output_with_past_tf524")
+    assert record.get("transformers") == "5.24.0", record
+    assert record.get("error", "").endswith("__init__() got an unexpected keyword argument 'cache'"), record
+
+
+def test_transformers_5222_accepts_past_key_values_on_an_output_class_that_declares_it():
+    # The control, in this interpreter (transformers 5.22.2): the same class builds.
+    import torch
+    import transformers
+    from transformers.utils import ModelOutput
+
+    @dataclass
+    class EncoderOutputWithPast(ModelOutput):
+        last_hidden_state: torch.FloatTensor = None
+        past_key_values: tuple | None = None
+
+    assert transformers.__version__ == "5.22.2"
+    assert EncoderOutputWithPast(last_hidden_state=torch.zeros(1), past_key_values=None).past_key_values is None
+
+
+# The fix series -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, env", [(EXTRAS_07, "main"), (EXTRAS_08, "upstream-0.8")])
+def test_fix_series_git_ams_cleanly_onto_the_released_source(name, env):
+    series.am_onto_tree(name, envs.ensure(env, build=False).source)
+
+
+def test_070_fixes_apply_on_top_of_the_main_series(tmp_path):
+    tree = tmp_path / "nnsight"
+    shutil.copytree(envs.ensure("main", build=False).source, tree, ignore=shutil.ignore_patterns("build"))
+    series.apply("nnsight-v0.7.0", tree)
+    series.apply(EXTRAS_07, tree)
