@@ -75,6 +75,12 @@ def _sdist_tree(name: str) -> Path:
     return target
 
 
+def cmd_ndif(args) -> int:
+    from .ndif import cli as ndif_cli
+
+    return ndif_cli.main(args.ndif_args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nnsight-repro", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -95,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])})")
     e.set_defaults(run=cmd_envs)
 
+    n = sub.add_parser("ndif", add_help=False,
+                       help="a local NDIF server (ndif 0.1.2, for nnsight 0.8 clients): up | down | status")
+    n.add_argument("ndif_args", nargs=argparse.REMAINDER, help="up [--models a,b] | down | status [--json]")
+    n.set_defaults(run=cmd_ndif)
+
     s = sub.add_parser("series", help="check that a patch series applies to its base")
     s.add_argument("action", choices=["check"])
     s.add_argument("--series", default="nnsight-v0.7.0")
@@ -109,9 +120,12 @@ def main(argv=None) -> int:
     p = parser()
     args, extra = p.parse_known_args(argv)
     if extra:
-        if args.command != "test":
+        if args.command == "ndif":  # its own parser reads them, `--help` included
+            args.ndif_args = [*extra, *args.ndif_args]
+        elif args.command == "test":
+            args.pytest_args = [*args.pytest_args, *extra]
+        else:
             p.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.pytest_args = [*args.pytest_args, *extra]
     try:
         return args.run(args) or 0
     except (envs.EnvError, series.SeriesError) as exc:

@@ -17,6 +17,9 @@ import sys
 
 import pytest
 
+# The local NDIF stack, shared by every remote test (tests/ndif_fixture.py).
+pytest_plugins = ["ndif_fixture"]
+
 # Imports nnsight, then unpickles whatever classes it is sent and names them.
 # It never wraps a model, so it has never built an encoder's classes itself.
 FRESH_INTERPRETER = (

@@ -1,0 +1,255 @@
+"""What a user of a local NDIF stack runs: nnsight 0.8 ``remote=True`` traces of the panel models.
+
+Runs inside the ``upstream-0.8`` environment (``python -m nnsight_repro.ndif.remote_client``) and prints
+one JSON object. ``mint`` needs no server and runs on the host; ``run`` must run inside the stack's
+network namespace, with ``NDIF_HOST`` pointing at the API (nnsight reads it at import).
+
+- ``mint --models a,b``: saves each panel model and prints ``{name: {path, task, key}}``, where ``key``
+  is exactly the model key this client sends (the server must be deployed under that key).
+- ``run --cases c1,c2``: one record per case, each ``{"ok": ..., ...}`` or a failure record; a case
+  that raises never stops the others.
+
+Cases:
+
+- ``trace:<model>``: the check routine's subject (:class:`nnsight_repro.checks.Subject`: the panel
+  model wrapped the way a user would, saving the first encoder layer's and the final hidden states'
+  output) traced with ``remote=True`` and locally; equal means bit-identical.
+- ``error``: a trace whose body fails on the server; records the exception the client receives next to
+  the one the same body raises locally.
+- ``large:<bytes>``: a result bigger than ``<bytes>`` (the server's inline cap); records which way it came
+  back (inline on the response, or by URL from the object store) and whether it equals the local one.
+- ``first:<model>``: started while the stack is still coming up: waits until ``/status`` shows the model
+  HOT, then traces it remotely (for the benchmark's cold start).
+- ``timing:<model>:<n>``: ``n`` warm remote traces and ``n`` local ones (for the benchmark).
+
+The model keys are minted the way :mod:`nnsight_repro.lines` says (the one place offline key minting is
+handled), with each saved model's path as its own canonical repo id: the server loads that path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+
+from .. import checks, lines
+
+LINE = lines.LINES["0.8"]
+
+
+def subject(name: str) -> checks.Subject:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = checks.Subject(name)
+    # The key is minted lazily from this cache: the server knows the model by its local path.
+    LINE.seed_hub_ids({str(s.path): str(s.path)})
+    return s
+
+
+def mint(names) -> dict:
+    out = {}
+    for name in names:
+        s = subject(name)
+        out[name] = {"path": str(s.path), "task": s.entry.task, "key": s.model.to_model_key()}
+    return out
+
+
+class Transport:
+    """Which way the last result came back: observed on the client, where nnsight receives it."""
+
+    def __init__(self):
+        from nnsight.intervention.backends.remote import RemoteBackend
+
+        self.seen = []
+        original = RemoteBackend.download_result
+        seen = self.seen
+
+        def download_result(backend, url):
+            if isinstance(url, (bytes, bytearray)):
+                seen.append({"route": "inline", "bytes": len(url)})
+            elif url:
+                seen.append({"route": "object-store", "url_host": url.split("/")[2]})
+            return original(backend, url)
+
+        RemoteBackend.download_result = download_result
+
+
+def saves(s: checks.Subject, remote=None) -> dict:
+    """The subject's read points saved in one trace (first layer, then final hidden states).
+
+    Not :meth:`Subject.trace`: a remote trace hands saved values back by assigning the caller's local
+    variables, so the saves must be plain locals, not entries of a dict built inside the block.
+    """
+    (first_label, first_envoy, first_attr), (final_label, final_envoy, final_attr) = s.read_points()
+    kwargs = {} if remote is None else {"remote": remote}
+    with s.model.trace(s.ids[0], **kwargs):
+        first = getattr(first_envoy, first_attr).save()
+        final = getattr(final_envoy, final_attr).save()
+    return {first_label: checks.hidden_states(first), final_label: checks.hidden_states(final)}
+
+
+def case_trace(name: str) -> dict:
+    s = subject(name)
+    local = saves(s)
+    started = time.perf_counter()
+    remote = saves(s, remote=True)
+    record = {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(),
+              "read_points": [f"{label}: {s.line.output_attr(envoy)}" for label, envoy, _ in s.read_points()]}
+    for label in local:
+        record[label] = {"shape": list(remote[label].shape),
+                         "equals_local": bool(remote[label].shape == local[label].shape
+                                              and (remote[label] == local[label]).all()),
+                         "max_abs_diff": float((remote[label] - local[label]).abs().max())
+                         if remote[label].shape == local[label].shape else None}
+    record["ok"] = all(record[label]["equals_local"] for label in local)
+    return record
+
+
+def _failing_body(s: checks.Subject, remote):
+    """Index a 3-d hidden state with four indices: fails inside the block, wherever it runs."""
+    kwargs = {} if remote is None else {"remote": remote}
+    first = s.envoy(s.entry.first_layer)
+    with s.model.trace(s.ids[0], **kwargs):
+        hidden = first.output[0]
+        value = hidden[0, 0, 0, 0].save()
+    return value
+
+
+def case_error() -> dict:
+    s = subject("gpt2")
+    record = {}
+    for where, remote in (("local", None), ("remote", True)):
+        try:
+            _failing_body(s, remote)
+            record[where] = {"raised": False}
+        except Exception as exc:  # what the user gets is the point
+            record[where] = {"raised": True, "type": f"{type(exc).__module__}.{type(exc).__name__}",
+                             "message": str(exc)}
+    record["ok"] = record["local"]["raised"] and record["remote"]["raised"]
+    return record
+
+
+def _large_body(s: checks.Subject, numbers: int, remote):
+    """The first layer's output plus seeded noise, ``numbers`` floats: incompressible, deterministic."""
+    import torch
+
+    kwargs = {} if remote is None else {"remote": remote}
+    first = s.envoy(s.entry.first_layer)
+    with s.model.trace(s.ids[0], **kwargs):
+        hidden = first.output[0]
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn(numbers, generator=generator)
+        big = (noise + hidden.flatten()[0]).save()
+    return big
+
+
+def case_large(min_bytes: int, transport: Transport) -> dict:
+    s = subject("gpt2")
+    # float32 noise barely compresses; 1.5x keeps the zstd-compressed blob above the cap.
+    numbers = int(min_bytes * 1.5 / 4) + 1
+    local = _large_body(s, numbers, None)
+    before = len(transport.seen)
+    started = time.perf_counter()
+    remote = _large_body(s, numbers, True)
+    seconds = time.perf_counter() - started
+    routes = transport.seen[before:]
+    return {"ok": bool((remote == local).all()), "seconds": round(seconds, 3), "bytes": remote.numel() * 4,
+            "min_bytes": min_bytes, "equals_local": bool((remote == local).all()),
+            "route": routes[-1] if routes else None}
+
+
+def case_first(name: str, timeout: float = 600.0) -> dict:
+    """The first remote trace of a stack that is still starting: wait until /status shows the model HOT
+    (as a user's script would), then trace. Times are wall-clock epochs, to compare with the start."""
+    import os
+    import urllib.request
+
+    s = subject(name)
+    key = s.model.to_model_key()
+    deadline = time.time() + timeout
+    polls = 0
+    while True:
+        polls += 1
+        try:
+            with urllib.request.urlopen(os.environ["NDIF_HOST"] + "/status", timeout=10) as response:
+                deployments = json.loads(response.read()).get("deployments", {})
+            if any(e.get("model_key") == key and e.get("deployment_level") == "HOT"
+                   and e.get("application_state") == "RUNNING" for e in deployments.values()):
+                break
+        except (OSError, ValueError):
+            pass  # not listening yet, or 503 while the API waits for Ray
+        if time.time() > deadline:
+            raise TimeoutError(f"{name} was not HOT after {timeout:.0f} s")
+        time.sleep(0.25)
+    hot = time.time()
+    result = saves(s, remote=True)
+    done = time.time()
+    local = saves(s)
+    ok = all(bool((result[k] == local[k]).all()) for k in local)
+    return {"ok": ok, "hot_epoch": hot, "done_epoch": done, "request_s": round(done - hot, 3), "polls": polls}
+
+
+def case_timing(name: str, n: int) -> dict:
+    s = subject(name)
+    saves(s, remote=True)  # warm: the server has run this model for this client once
+    saves(s)
+    remote, local = [], []
+    for _ in range(n):
+        started = time.perf_counter()
+        saves(s, remote=True)
+        remote.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        saves(s)
+        local.append(time.perf_counter() - started)
+    return {"ok": True, "remote_s": remote, "local_s": local}
+
+
+def run(cases) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    transport = Transport()
+    out = {}
+    for case in cases:
+        kind, _, arg = case.partition(":")
+        started = time.perf_counter()
+        try:
+            if kind == "trace":
+                record = case_trace(arg)
+            elif kind == "error":
+                record = case_error()
+            elif kind == "large":
+                record = case_large(int(arg), transport)
+            elif kind == "first":
+                record = case_first(arg)
+            elif kind == "timing":
+                name, _, n = arg.partition(":")
+                record = case_timing(name, int(n or 5))
+            else:
+                raise ValueError(f"unknown case {case!r}")
+        except Exception as exc:
+            record = {**checks.failure(exc), "message": str(exc)[:2000]}
+        record["wall_s"] = round(time.perf_counter() - started, 3)
+        out[case] = record
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nnsight_repro.ndif.remote_client")
+    sub = parser.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("mint")
+    m.add_argument("--models", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--cases", required=True)
+    args = parser.parse_args(argv)
+    if lines.current() is not LINE:
+        parser.error(f"this client speaks the 0.8 line; this interpreter has nnsight of line {lines.current().name}")
+    result = mint(args.models.split(",")) if args.action == "mint" else run(args.cases.split(","))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""A local NDIF 0.1.2 stack: ``up``, ``down``, ``status``, and running a client against it.
+
+``up`` brings the whole stack up from nothing (building its environment if needed) inside a private
+network namespace: Redis (queue, small results), moto as the S3 store (large results), ndif's Ray head
+and controller (``ndif start --foreground ray``) and ndif's API (``ndif start --foreground api``). The
+controller deploys the panel models as it starts (``NDIF_DEPLOYMENTS``, under the keys the client mints;
+see :mod:`deploy`), and ``up`` returns once ``/status`` shows every one HOT; a model that never shows up
+is deployed once more through ``ndif deploy``, which names the exception it failed with.
+Foreground starts, because then each service is a process this module started and watches: one that
+exits during ``up`` is reported with the end of its log instead of being waited on.
+
+``down`` kills exactly the processes in the namespace (TERM, then KILL) and deletes it; it never runs
+``ray stop`` or ``ndif stop``, which kill every Ray process on the host. It is safe to call at any time,
+also after a failed or half-finished ``up``, and ``up`` calls it itself when it fails.
+
+Logs stay in ``<cache>/ndif/logs`` until the next ``up`` (Ray's own are under ``<cache>/ndif/ray``).
+
+Stdlib only: this runs in the test process (a 0.7 client) and in the CLI; server code runs in the server
+environment, client code in the ``upstream-0.8`` environment, both as subprocesses in the namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .. import envs
+from .. import models as panel
+from . import config as configuration
+from . import deploy, netns, server_env
+
+PROBE = Path(__file__).resolve().parent / "probe.py"
+
+
+class StackError(Exception):
+    """The stack cannot be brought up, used or found; the message says what to do."""
+
+
+def _say(message: str) -> None:
+    print(f"[ndif] {message}", file=sys.stderr, flush=True)
+
+
+# State ---------------------------------------------------------------------------------------------
+
+def read_state(cfg: configuration.StackConfig) -> Optional[dict]:
+    try:
+        return json.loads(cfg.state_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(cfg: configuration.StackConfig, state: dict) -> None:
+    staging = cfg.state_file.with_suffix(".tmp")
+    staging.write_text(json.dumps(state, indent=1))
+    os.replace(staging, cfg.state_file)
+
+
+@contextlib.contextmanager
+def _exclusive(cfg: configuration.StackConfig):
+    """One ``up`` or ``down`` at a time per stack folder, across processes."""
+    cfg.folder.mkdir(parents=True, exist_ok=True)
+    with open(cfg.folder / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StackError(f"Another `up` or `down` of the stack in {cfg.folder} is in progress; "
+                             f"wait for it, or see `nnsight-repro ndif status`.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# Inside the namespace --------------------------------------------------------------------------------
+
+def probe(cfg: configuration.StackConfig, *args: str, timeout: float = 20.0) -> dict:
+    """Ask ``probe.py`` a question from inside the namespace."""
+    result = subprocess.run(netns.command(cfg.netns, [sys.executable, str(PROBE), *args]),
+                            capture_output=True, text=True, timeout=timeout)
+    if result.returncode:
+        raise StackError(f"Could not probe inside namespace {cfg.netns}: {result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+def http_get(cfg: configuration.StackConfig, path: str) -> dict:
+    return probe(cfg, "get", cfg.api_url + path)[cfg.api_url + path]
+
+
+def api_status(cfg: configuration.StackConfig) -> Optional[dict]:
+    """The API's ``/status`` as JSON, or None while it cannot give one."""
+    answer = http_get(cfg, "/status")
+    if answer.get("status") != 200:
+        return None
+    try:
+        return json.loads(answer["body"])
+    except ValueError:
+        return None
+
+
+def deployment_levels(status: dict) -> Dict[str, dict]:
+    """``{model_key: {"level", "state"}}`` from a ``/status`` answer."""
+    levels = {}
+    for name, entry in (status or {}).get("deployments", {}).items():
+        key = entry.get("model_key") or name.split(":ModelActor:", 1)[-1]
+        levels[key] = {"level": entry.get("deployment_level"), "state": entry.get("application_state")}
+    return levels
+
+
+def _log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+# The services ----------------------------------------------------------------------------------------
+
+class Service:
+    def __init__(self, name: str, argv: List[str], port: Optional[int], log: Path):
+        self.name, self.argv, self.port, self.log = name, argv, port, log
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self, cfg: configuration.StackConfig, env: Dict[str, str]) -> None:
+        with open(self.log, "ab") as log:
+            # start_new_session: a Ctrl-C in the terminal that ran `up` must not reach the stack;
+            # `down` stops it.
+            self.process = subprocess.Popen(netns.command(cfg.netns, self.argv), env=env, cwd=cfg.folder,
+                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def check_alive(self) -> None:
+        if self.process is None or self.process.poll() is None:
+            return
+        tail = _log_tail(self.log)
+        if "Address already in use" in tail or "address already in use" in tail:
+            raise StackError(f"{self.name} could not start: port {self.port} is already taken inside the stack's "
+                             f"namespace. Log ({self.log}):\n{tail}")
+        raise StackError(f"{self.name} exited with code {self.process.returncode} during start. "
+                         f"Last lines of {self.log}:\n{tail}")
+
+
+def _services(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
+    redis = server_env.redis_server()
+    bin_ = env.path / "venv" / "bin"
+    return [
+        Service("redis", [redis, "--bind", "127.0.0.1", "--port", str(cfg.redis_port), "--save", "",
+                          "--appendonly", "no", "--daemonize", "no", "--dir", str(cfg.home)],
+                cfg.redis_port, cfg.logs / "redis.log"),
+        Service("s3", [str(bin_ / "moto_server"), "-H", "127.0.0.1", "-p", str(cfg.s3_port)],
+                cfg.s3_port, cfg.logs / "s3.log"),
+        # ndif's own launchers, in the foreground: `ndif start -f ray` runs ndif's Ray start script (Ray
+        # head + the controller), `ndif start -f api` runs gunicorn with ndif's config.
+        Service("ray", [str(bin_ / "ndif"), "start", "--foreground", "ray"], 6385, cfg.logs / "ray.log"),
+        Service("api", [str(bin_ / "ndif"), "start", "--foreground", "api"], cfg.api_port, cfg.logs / "api.log"),
+    ]
+
+
+def ensure_ports_free(cfg: configuration.StackConfig, services: List[Service]) -> None:
+    ports = [str(s.port) for s in services if s.port]
+    taken = [p for p, state in probe(cfg, "ports", *ports).items() if state == "listening"]
+    if taken:
+        owners = {str(s.port): s.name for s in services}
+        raise StackError(f"Port(s) {', '.join(taken)} (for {', '.join(owners[p] for p in taken)}) are already "
+                         f"taken inside namespace {cfg.netns}; something else runs there. "
+                         f"`nnsight-repro ndif down` clears the namespace.")
+
+
+def _wait(what: str, ready: Callable[[], object], services: List[Service], timeout: float,
+          interval: float = 0.5):
+    """Poll ``ready`` until it returns something truthy; fail early if a service dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for service in services:
+            service.check_alive()
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}.")
+        time.sleep(interval)
+
+
+# up / down / status ------------------------------------------------------------------------------------
+
+def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[str]] = None,
+       say: Callable[[str], None] = _say,
+       on_namespace: Optional[Callable[[configuration.StackConfig], None]] = None) -> dict:
+    """Bring the stack up and deploy ``models`` (default: :data:`deploy.SERVED`); the state written.
+
+    ``on_namespace`` is called once the namespace exists, before any service starts: the benchmark
+    starts its client there, so the client's interpreter start overlaps the server's, as for a user
+    whose Python is already running.
+    """
+    cfg = cfg or configuration.default()
+    models = deploy.SERVED if models is None else models
+    cfg.validate()
+    unknown = [name for name in models if name not in panel.PANEL]
+    if unknown:
+        raise StackError(f"Unknown model(s) {', '.join(unknown)}; the panel has: {', '.join(panel.PANEL)}.")
+    with _exclusive(cfg):
+        running = read_state(cfg)
+        if netns.exists(cfg.netns):
+            started = f", started {running['started']} by pid {running['owner_pid']}" if running else ""
+            raise StackError(f"A local NDIF stack is already running for this cache (namespace {cfg.netns}"
+                             f"{started}). Use it (`nnsight-repro ndif status`), or stop it first "
+                             f"(`nnsight-repro ndif down`).")
+        if running:
+            say(f"forgetting the state of a stack that is gone ({cfg.state_file})")
+            cfg.state_file.unlink()
+        t0 = time.monotonic()
+        timings = {}
+        env = server_env.ensure()
+        server_env.redis_server()
+        envs.ensure(deploy.CLIENT_ENV)
+        timings["environments_s"] = round(time.monotonic() - t0, 2)
+        # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
+        # minted once and remembered, so a warm `up` starts no client.
+        t_mint = time.monotonic()
+        minted = deploy.minted(models, cfg.folder / "minted.json") if models else {}
+        timings["keys_s"] = round(time.monotonic() - t_mint, 2)
+        t_cold = time.monotonic()
+        # A cold start: nothing of a previous run survives but nothing else is touched.
+        for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
+                 "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
+                 "logs": str(cfg.logs)}
+        try:
+            netns.create(cfg.netns)
+            _write_state(cfg, state)
+            if on_namespace is not None:
+                on_namespace(cfg)
+            services = _services(cfg, env)
+            ensure_ports_free(cfg, services)
+            service_env = cfg.environ(env.path / "venv" / "bin")
+            by_name = {s.name: s for s in services}
+            for name in ("redis", "s3"):
+                by_name[name].start(cfg, service_env)
+            _wait("Redis and the S3 store to listen",
+                  lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
+                  services[:2], 30, interval=0.2)
+            # ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model actors load
+            # while the API is still coming up, and no deploy client has to connect to Ray.
+            by_name["ray"].start(cfg, {**service_env, "NDIF_DEPLOYMENTS": "|".join(state["models"].values())})
+            by_name["api"].start(cfg, service_env)
+            state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
+            _write_state(cfg, state)
+            say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
+            _wait("the API to connect to Ray and the controller to list the node",
+                  lambda: (api_status(cfg) or {}).get("cluster", {}).get("nodes"), services, cfg.start_timeout,
+                  interval=0.5)
+            timings["services_s"] = round(time.monotonic() - t_cold, 2)
+            say(f"services up in {timings['services_s']} s")
+            if minted:
+                wait_hot(cfg, env, minted, services)
+                timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
+                say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
+            state["phase"] = "ready"
+            state["ready"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            _write_state(cfg, state)
+            return state
+        except BaseException as exc:
+            say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
+            _down_locked(cfg, say=lambda m: None)
+            if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
+                raise StackError(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: {cfg.ray_temp}/session_latest/logs)") from None
+            raise
+
+
+#: How long a model may be missing from /status after the controller is up before it counts as failed.
+#: The controller drops a model it could not size or load (and only logs why).
+MISSING_GRACE_S = 10.0
+
+
+def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
+             services: List[Service] = ()) -> None:
+    """Wait until ``/status`` shows every minted model HOT and RUNNING.
+
+    A model missing (or dead) for :data:`MISSING_GRACE_S` is deployed once more through ``ndif deploy``,
+    which reports per model the exception it failed with (and succeeds if the failure was passing).
+    """
+    keys = {m["key"]: name for name, m in minted.items()}
+    missing_since: Dict[str, float] = {}
+    retried = set()
+    deadline = time.monotonic() + cfg.deploy_timeout
+    while True:
+        for service in services:
+            service.check_alive()
+        levels = deployment_levels(api_status(cfg))
+        if all(levels.get(key, {}).get("level") == "HOT" and levels[key].get("state") == "RUNNING" for key in keys):
+            return
+        now = time.monotonic()
+        failed = {}
+        for key, name in keys.items():
+            entry = levels.get(key)
+            if entry is None or entry.get("state") == "UNHEALTHY":
+                missing_since.setdefault(key, now)
+                if now - missing_since[key] > MISSING_GRACE_S and name not in retried:
+                    failed[name] = minted[name]
+            else:
+                missing_since.pop(key, None)
+        if failed:
+            retried.update(failed)
+            deploy_models(cfg, env, failed, services)
+        if now > deadline:
+            waiting = {keys[k]: levels.get(k, {}).get("level", "missing") for k in keys}
+            raise StackError(f"Timed out after {cfg.deploy_timeout:.0f} s waiting for the models to be HOT: {waiting}.")
+        time.sleep(1.0)
+
+
+def deploy_models(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
+                  services: List[Service] = ()) -> None:
+    """``ndif deploy -f`` the minted models; on failure a :class:`deploy.DeployError` naming each with its cause."""
+    deploy.write_file(cfg.deploy_file, minted)
+    log = cfg.logs / "deploy.log"
+    # Appended to, so a failed up keeps every attempt; only this call's part is read back.
+    offset = log.stat().st_size if log.exists() else 0
+    with open(log, "ab") as fh:
+        process = subprocess.Popen(
+            netns.command(cfg.netns, [str(env.path / "venv" / "bin" / "ndif"), "deploy", "-f", str(cfg.deploy_file)]),
+            env=cfg.environ(env.path / "venv" / "bin"), cwd=cfg.folder, stdout=fh, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+    try:
+        _wait(f"`ndif deploy` of {', '.join(minted)}", lambda: process.poll() is not None, list(services),
+              cfg.deploy_timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    with open(log, "rb") as fh:
+        fh.seek(offset)
+        output = fh.read().decode("utf-8", "replace")
+    failed = deploy.failures(output, minted)
+    if process.returncode or failed:
+        reasons = "\n".join(f"  {name}: {reason}" for name, reason in failed.items()) or \
+            "\n".join("    " + line for line in output.strip().splitlines()[-12:])
+        raise deploy.DeployError(f"Model(s) failed to deploy ({log}):\n{reasons}")
+
+
+def _down_locked(cfg: configuration.StackConfig, say: Callable[[str], None]) -> dict:
+    report = {"netns": cfg.netns, "killed": [], "deleted_netns": False}
+    if netns.exists(cfg.netns):
+        report["killed"] = netns.kill_all(cfg.netns)
+        netns.delete(cfg.netns)
+        report["deleted_netns"] = True
+        say(f"stopped {len(report['killed'])} process(es) and deleted namespace {cfg.netns}")
+    else:
+        say(f"no stack running (namespace {cfg.netns} does not exist)")
+    with contextlib.suppress(FileNotFoundError):
+        cfg.state_file.unlink()
+    return report
+
+
+def down(cfg: Optional[configuration.StackConfig] = None, say: Callable[[str], None] = _say) -> dict:
+    """Kill every process in the stack's namespace, delete it, forget the state. Idempotent."""
+    cfg = cfg or configuration.default()
+    with _exclusive(cfg):
+        return _down_locked(cfg, say)
+
+
+def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
+    """What runs: each service alive or not, the API answering, each model's level. Never raises for a dead stack."""
+    cfg = cfg or configuration.default()
+    state = read_state(cfg)
+    report = {"netns": cfg.netns, "running": netns.exists(cfg.netns), "folder": str(cfg.folder),
+              "logs": str(cfg.logs), "api_url": cfg.api_url, "state": state, "problems": []}
+    if not report["running"]:
+        if state:
+            report["problems"].append(f"the state file says a stack started {state.get('started')}, "
+                                      f"but its namespace {cfg.netns} is gone")
+        return report
+    alive = set(netns.pids(cfg.netns))
+    report["pids"] = sorted(alive)
+    services = {}
+    for name, info in ((state or {}).get("services") or {}).items():
+        services[name] = {**info, "alive": info["pid"] in alive}
+        if info["pid"] not in alive:
+            report["problems"].append(f"{name} (pid {info['pid']}) is not running; see {info['log']}")
+    report["services"] = services
+    try:
+        ping = http_get(cfg, "/ping")
+        report["api"] = "answering" if ping.get("status") == 200 else ping.get("error") or f"HTTP {ping.get('status')}"
+        levels = deployment_levels(api_status(cfg)) if report["api"] == "answering" else {}
+    except (StackError, subprocess.TimeoutExpired) as exc:
+        report["api"], levels = f"unreachable: {exc}", {}
+    if report["api"] != "answering":
+        report["problems"].append(f"the API at {cfg.api_url} is not answering ({report['api']})")
+    report["models"] = {}
+    for name, key in ((state or {}).get("models") or {}).items():
+        report["models"][name] = levels.get(key, {"level": "missing", "state": None})
+        if report["api"] == "answering" and report["models"][name]["level"] != "HOT":
+            report["problems"].append(f"model {name} is {report['models'][name]['level']}, not HOT")
+    if state and state.get("phase") != "ready":
+        report["problems"].append(f"`up` has not finished (phase: {state.get('phase')})")
+    return report
+
+
+def healthy(cfg: Optional[configuration.StackConfig] = None) -> bool:
+    report = status(cfg)
+    return report["running"] and not report["problems"]
+
+
+# Running code against the stack --------------------------------------------------------------------------
+
+def client_command(cfg: configuration.StackConfig, env: envs.Env, args: List[str]) -> List[str]:
+    return netns.command(cfg.netns, [str(env.python), *args])
+
+
+def start_client(cfg: configuration.StackConfig, cases: List[str]) -> subprocess.Popen:
+    """:mod:`remote_client` cases, started in the ``upstream-0.8`` environment inside the namespace."""
+    if not netns.exists(cfg.netns):
+        raise StackError(f"No local NDIF stack is running (namespace {cfg.netns} does not exist); "
+                         f"start one with `nnsight-repro ndif up`.")
+    env = envs.ensure(deploy.CLIENT_ENV, build=False)
+    return subprocess.Popen(
+        client_command(cfg, env, ["-m", "nnsight_repro.ndif.remote_client", "run", "--cases", ",".join(cases)]),
+        env=env.environ({"NDIF_HOST": cfg.api_url}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
+    """The records of a :func:`start_client` process; a client that dies, or a dead stack, is named."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        stderr += f"\n(killed after {timeout:.0f} s)"
+    lines = stdout.strip().splitlines()
+    if process.returncode or not lines:
+        problems = status(cfg)["problems"]
+        health = ("; the stack is not healthy: " + "; ".join(problems)) if problems else ""
+        raise StackError(f"The remote client failed (exit {process.returncode}){health}. Its stderr ends:\n"
+                         + "\n".join(stderr.strip().splitlines()[-15:]))
+    records = json.loads(lines[-1])
+    # A failed case on a stack that died says so, instead of leaving the reader with a connection error.
+    if any(not r.get("ok") for r in records.values()):
+        problems = status(cfg)["problems"]
+        if problems:
+            for record in records.values():
+                if not record.get("ok"):
+                    record["stack_problems"] = problems
+    return records
+
+
+def run_client(cfg: Optional[configuration.StackConfig], cases: List[str], timeout: float = 600) -> dict:
+    """Run :mod:`remote_client` cases in the ``upstream-0.8`` environment inside the namespace."""
+    cfg = cfg or configuration.default()
+    return client_records(cfg, start_client(cfg, cases), timeout)
+
+
+def inline_cap(cfg: Optional[configuration.StackConfig] = None) -> int:
+    """The largest result the server hands back inline (ndif derives it from our Redis's pubsub limits)."""
+    cfg = cfg or configuration.default()
+    env = server_env.ensure(build=False)
+    code = ("from ndif.common.providers.redis import RedisProvider\n"
+            "print(RedisProvider.max_publish_bytes())")
+    result = subprocess.run(netns.command(cfg.netns, [str(env.python), "-c", code]),
+                            env=cfg.environ(env.path / "venv" / "bin"), capture_output=True, text=True, timeout=60)
+    if result.returncode:
+        raise StackError(f"Could not read the server's inline cap: {result.stderr.strip()[-500:]}")
+    return int(result.stdout.split()[-1])

@@ -1,0 +1,208 @@
+"""Remote traces against a real NDIF server on loopback, and how the local stack behaves when things go wrong.
+
+The server is PyPI ``ndif`` 0.1.2 (it serves nnsight 0.8 clients), brought up by the session fixture
+``ndif_stack`` (``tests/ndif_fixture.py``) inside a private network namespace. The client is nnsight
+0.8.1 from the ``upstream-0.8`` environment, run inside that namespace (this interpreter is a 0.7
+client), with ``remote=True``: the request goes through the real API, queue, controller and model
+actor. A stack that cannot be brought up makes these tests fail; none of them skips.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from nnsight_repro.ndif import config, deploy, netns, server_env, stack
+
+TRACED = ["gpt2", "bert-mlm", "esm-mlm"]
+
+
+@pytest.fixture(scope="module")
+def inline_cap(ndif_stack):
+    return stack.inline_cap(ndif_stack.cfg)
+
+
+@pytest.fixture(scope="module")
+def remote(ndif_stack, inline_cap):
+    """Every remote case, run by one client process (starting nnsight costs seconds on two cores)."""
+    return ndif_stack.run([f"trace:{name}" for name in TRACED] + ["error", f"large:{inline_cap}"])
+
+
+def assert_equal_to_local(record):
+    assert record.get("ok") is not None, record
+    for point in ("first_layer", "final_hidden"):
+        assert point in record, record
+        assert record[point]["equals_local"], (point, record)
+        assert record[point]["max_abs_diff"] == 0.0, (point, record)
+
+
+# Remote traces -----------------------------------------------------------------------------------
+
+def test_decoder_control_remote_trace_equals_local(remote):
+    assert_equal_to_local(remote["trace:gpt2"])
+
+
+def test_bert_masked_lm_encoder_layer_outputs_remote_equal_local(remote):
+    # Equal encoder-layer outputs also prove the server built a masked LM: BertLMHeadModel (what an
+    # AutoModelForCausalLM rebuild gives) attends causally and would change every position but the last.
+    assert_equal_to_local(remote["trace:bert-mlm"])
+
+
+def test_esm_masked_lm_encoder_layer_outputs_remote_equal_local(remote):
+    assert_equal_to_local(remote["trace:esm-mlm"])
+
+
+def test_encoder_layers_are_read_as_nnsights_output_on_the_08_line(remote):
+    # 0.8 keeps `.output` for nnsight and moves BERT's colliding submodule to `E_output`.
+    for name in ("bert-mlm", "esm-mlm"):
+        assert remote[f"trace:{name}"]["read_points"] == ["first_layer: output", "final_hidden: output"]
+
+
+def test_masked_lms_are_requested_under_a_fill_mask_key(remote):
+    for name in ("bert-mlm", "esm-mlm"):
+        key = json.loads(remote[f"trace:{name}"]["key"].split(":", 1)[1])
+        assert key["task"] == "fill-mask", key
+
+
+def test_server_side_exception_arrives_with_its_message(remote):
+    record = remote["error"]
+    assert record["local"]["raised"] and record["remote"]["raised"], record
+    assert record["remote"]["type"].endswith("RemoteError"), record
+    assert record["local"]["message"] in record["remote"]["message"]
+    # The server's traceback points at the client's own line.
+    assert "remote_client.py" in record["remote"]["message"]
+
+
+def test_result_above_inline_cap_comes_back_through_the_object_store(remote, inline_cap, ndif_stack):
+    record = remote[f"large:{inline_cap}"]
+    assert record.get("equals_local"), record
+    assert record["bytes"] > inline_cap
+    assert record["route"] == {"route": "object-store", "url_host": f"127.0.0.1:{ndif_stack.cfg.s3_port}"}
+
+
+def test_stack_serves_every_model_hot_under_the_key_the_client_sends(remote, ndif_stack):
+    report = ndif_stack.status()
+    assert report["problems"] == [], report["problems"]
+    keys = ndif_stack.state["models"]
+    for name in TRACED:
+        assert report["models"][name]["level"] == "HOT"
+        assert keys[name] == remote[f"trace:{name}"]["key"]
+
+
+# The stack itself ----------------------------------------------------------------------------------
+
+def test_stack_namespace_has_only_loopback(ndif_stack):
+    # ndif binds its Ray dashboard and gunicorn to 0.0.0.0; in here that is loopback and nothing else.
+    assert netns.interfaces(ndif_stack.cfg.netns) == ["lo"]
+
+
+def test_second_up_while_one_runs_is_refused_naming_the_running_stack(ndif_stack):
+    with pytest.raises(stack.StackError, match=f"already running .*{ndif_stack.cfg.netns}.*ndif down"):
+        stack.up(ndif_stack.cfg)
+    assert stack.healthy(ndif_stack.cfg)
+
+
+def test_model_that_fails_to_deploy_is_named_with_its_cause(ndif_stack, tmp_path):
+    broken = tmp_path / "broken-gpt2"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    key = "nnsight.modeling.transformers.TransformersModel:" + json.dumps(
+        {"repo_id": str(broken), "revision": None, "task": "text-generation"})
+    # What `up` does after starting the controller with the models to deploy: this one never shows up
+    # in /status, so it is deployed again through `ndif deploy`, which names the cause.
+    with pytest.raises(deploy.DeployError, match="broken: .*no-such-architecture"):
+        stack.wait_hot(ndif_stack.cfg, server_env.ensure(build=False),
+                       {"broken": {"path": str(broken), "task": "text-generation", "key": key}})
+
+
+def test_deploy_failure_of_a_model_whose_actor_died_names_the_exception_it_died_of():
+    # The shape `ndif deploy` prints when a model's actor raised while loading (seen live with truncated
+    # weights): Ray's sentence on the ✗ line, the model's own exception at the end of the traceback.
+    key = 'nnsight.modeling.transformers.TransformersModel:{"repo_id": "/m/gpt2", "revision": null}'
+    output = "\n".join([
+        f"  ⋯ {key}: provisioned 1 replica(s), initializing...",
+        f"  ✗ {key} [c82c3]: initialization failed - The actor died because of an error raised in its "
+        "creation task, ray::c82c3:ModelActor:CPUModelActor.__init__() (pid=25890, ip=127.0.0.1)",
+        "  File \"/venv/lib/python3.11/site-packages/safetensors/torch.py\", line 315, in load_file",
+        "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: invalid header length",
+        "",
+        "✗ 1 of 1 model(s) not ready.",
+    ])
+    reasons = deploy.failures(output, {"gpt2": {"path": "/m/gpt2", "key": key}})
+    assert set(reasons) == {"gpt2"}
+    assert reasons["gpt2"].startswith("[c82c3]: initialization failed - The actor died")
+    assert reasons["gpt2"].endswith("caused by safetensors._safetensors_rust.SafetensorError: "
+                                    "Error while deserializing header: invalid header length")
+
+
+def test_colliding_ports_are_refused_before_anything_starts():
+    with pytest.raises(config.ConfigError, match="api port 6385 is already taken inside the stack by ray gcs"):
+        config.StackConfig(folder=Path("/tmp/nnsr-unused"), api_port=6385).validate()
+    with pytest.raises(config.ConfigError, match="port 7000 is configured for both redis and s3"):
+        config.StackConfig(folder=Path("/tmp/nnsr-unused"), redis_port=7000, s3_port=7000).validate()
+
+
+@pytest.fixture
+def scratch_stack():
+    """A second stack's settings, in its own short folder (Ray's socket paths) and namespace."""
+    cfg = config.StackConfig(folder=Path(tempfile.mkdtemp(prefix="nnsr-", dir="/tmp")))
+    yield cfg
+    stack.down(cfg, say=lambda m: None)
+    assert not netns.exists(cfg.netns)
+    shutil.rmtree(cfg.folder, ignore_errors=True)
+
+
+def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
+    netns.create(scratch_stack.netns)
+    listener = subprocess.Popen(netns.command(scratch_stack.netns, [
+        sys.executable, "-c",
+        "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 8001)); s.listen(); time.sleep(60)"]))
+    try:
+        subprocess.run(netns.command(scratch_stack.netns, [sys.executable, "-c",
+                       "import socket, time\nwhile socket.socket().connect_ex(('127.0.0.1', 8001)): time.sleep(0.1)"]),
+                       timeout=30, check=True)
+        api = stack.Service("api", [], 8001, scratch_stack.folder / "api.log")
+        with pytest.raises(stack.StackError, match=r"Port\(s\) 8001 \(for api\) are already taken"):
+            stack.ensure_ports_free(scratch_stack, [api])
+    finally:
+        listener.kill()
+        listener.wait()
+
+
+def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scratch_stack):
+    # Ray's start script cannot create its temp dir: the ray service exits right after redis and S3 started.
+    cfg = config.StackConfig(folder=scratch_stack.folder, extra_env={"NDIF_RAY_TEMP_DIR": "/proc/nnsr-no-such-dir"})
+    with pytest.raises(stack.StackError, match=r"(?s)ray exited with code 1 during start.*ray\.log"):
+        stack.up(cfg, models=[])
+    assert not netns.exists(cfg.netns)
+    assert stack.read_state(cfg) is None
+    assert (cfg.logs / "redis.log").exists()  # the logs of the failed run stay
+
+
+def test_stack_that_dies_mid_run_is_reported_and_down_cleans_up(scratch_stack):
+    state = stack.up(scratch_stack, models=[])
+    started = {name: info["pid"] for name, info in state["services"].items()}
+    # The API dies whole: gunicorn's master, worker and dispatcher (each service is its own process group).
+    os.killpg(started["api"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while started["api"] in netns.pids(scratch_stack.netns) and time.monotonic() < deadline:
+        time.sleep(0.1)  # SIGKILL is delivered asynchronously
+    problems = stack.status(scratch_stack)["problems"]
+    assert any(p.startswith(f"api (pid {started['api']}) is not running") for p in problems), problems
+    # A client that runs into the dead stack is told which service died, not only "connection refused".
+    record = stack.run_client(scratch_stack, ["trace:gpt2"])["trace:gpt2"]
+    assert not record["ok"]
+    assert any(p.startswith(f"api (pid {started['api']})") for p in record["stack_problems"]), record
+
+    report = stack.down(scratch_stack, say=lambda m: None)
+    assert report["deleted_netns"] and not netns.exists(scratch_stack.netns)
+    assert set(started.values()) - {started["api"]} <= set(report["killed"])
+    for pid in started.values():
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
