@@ -6,7 +6,6 @@ Stdlib only at import: on a fresh machine this is what builds everything else.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path

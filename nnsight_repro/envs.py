@@ -235,9 +235,19 @@ def ensure(name: str, build: bool = True) -> Env:
     command that builds it, instead of a build.
     """
     s = spec(name)
-    path = env_dir(name)
+    return cached(name, env_dir(name), lambda: inputs(s), lambda path, wanted, digest: _build(s, path, wanted, digest),
+                  build=build, how_to_build=f"python3 -m nnsight_repro envs build {name}")
+
+
+def cached(name: str, path: Path, wanted_inputs, builder, *, build: bool, how_to_build: str) -> Env:
+    """The stamped venv at ``path``: reused when its stamp matches ``wanted_inputs()``, else rebuilt by ``builder``.
+
+    Shared by every environment the project caches (the test environments here,
+    the NDIF server's in ``ndif.server_env``), so they all mean the same by
+    ready, stale and half-built.
+    """
     with _locked(name):
-        wanted = inputs(s)
+        wanted = wanted_inputs()
         digest = digest_of(wanted)
         stamp = _read_stamp(path)
         if stamp and stamp.get("digest") == digest and Path(path / "venv" / "bin" / "python").exists():
@@ -250,16 +260,25 @@ def ensure(name: str, build: bool = True) -> Env:
             reason = "it does not exist yet"
         if not build:
             raise EnvError(f"Environment {name!r} at {path} cannot be used: {reason}. "
-                           f"Build it with `python3 -m nnsight_repro envs build {name}`.")
+                           f"Build it with `{how_to_build}`.")
         log(f"building {name!r} ({reason}) in {path}")
         shutil.rmtree(path, ignore_errors=True)
         started = time.monotonic()
-        _build(s, path, wanted, digest)
+        path.mkdir(parents=True)
+        builder(path, wanted, digest)
         log(f"built {name!r} in {time.monotonic() - started:.0f} s")
         return Env(name, path, _read_stamp(path))
 
 
-def _stepper(name: str, build_log: Path):
+def state(name: str, path: Path, current_digest: str) -> str:
+    """ready, building, stale, half-built or missing."""
+    stamp = _read_stamp(path)
+    return ("ready" if stamp and stamp.get("digest") == current_digest else
+            "building" if _building(name) else
+            "stale" if stamp else "half-built" if path.exists() else "missing")
+
+
+def stepper(name: str, build_log: Path):
     """Runs one build command, logging it; a failure raises with the log's tail and where the full log is."""
     def step(description: str, command: List[str], env: Optional[dict] = None) -> str:
         with open(build_log, "a") as fh:
@@ -275,7 +294,7 @@ def _stepper(name: str, build_log: Path):
     return step
 
 
-def _write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[str]) -> None:
+def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[str]) -> None:
     """Written last and renamed into place: its presence means the build finished."""
     stamp = {"name": name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "packages": freeze}
@@ -285,8 +304,7 @@ def _write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[
 
 
 def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> None:
-    path.mkdir(parents=True)
-    step = _stepper(s.name, path / "build.log")
+    step = stepper(s.name, path / "build.log")
     if isinstance(s, ToolSpec):
         _build_tool(s, path, wanted, digest, step)
         return
@@ -321,7 +339,7 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
     if installed != s.nnsight:
         raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
     freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    _write_stamp(path, s.name, digest, wanted, freeze)
+    write_stamp(path, s.name, digest, wanted, freeze)
 
 
 def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
@@ -333,21 +351,18 @@ def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> Non
     if s.imports:
         step(f"importing {', '.join(s.imports)}", [python, "-c", "import " + ", ".join(s.imports)])
     freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    _write_stamp(path, s.name, digest, wanted, freeze)
+    write_stamp(path, s.name, digest, wanted, freeze)
 
 
 def status() -> List[dict]:
     rows = []
     for name, s in [*SPECS.items(), *TOOLS.items()]:
         path = env_dir(name)
-        stamp = _read_stamp(path)
         try:
             current = digest_of(inputs(s))
         except series.SeriesError as exc:
             current = f"error: {exc}"
-        state = ("ready" if stamp and stamp.get("digest") == current else
-                 "building" if _building(name) else
-                 "stale" if stamp else "half-built" if path.exists() else "missing")
-        rows.append({"name": name, "state": state, "path": str(path), "nnsight": getattr(s, "nnsight", "-"),
+        rows.append({"name": name, "state": state(name, path, current), "path": str(path),
+                     "nnsight": getattr(s, "nnsight", "-"),
                      "series": getattr(s, "series", None)})
     return rows

@@ -9,7 +9,6 @@ what differs between the lines comes from ``nnsight_repro.lines``.
 
 import json
 import pickle
-import subprocess
 import sys
 import threading
 import types

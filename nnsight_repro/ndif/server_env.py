@@ -32,9 +32,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 from .. import envs
 from ..paths import cache_dir
@@ -99,47 +98,11 @@ def path() -> Path:
 
 def ensure(build: bool = True) -> envs.Env:
     """The server environment, built if missing, half-built or built from other inputs."""
-    where = path()
-    with envs._locked(NAME):
-        wanted = inputs()
-        digest = envs.digest_of(wanted)
-        stamp = envs._read_stamp(where)
-        if stamp and stamp.get("digest") == digest and (where / "venv" / "bin" / "python").exists():
-            return envs.Env(NAME, where, stamp)
-        if stamp:
-            reason = f"it was built from other inputs (changed: {envs._differences(stamp.get('inputs', {}), wanted)})"
-        elif where.exists():
-            reason = "a previous build did not finish"
-        else:
-            reason = "it does not exist yet"
-        if not build:
-            raise envs.EnvError(f"The NDIF server environment at {where} cannot be used: {reason}. "
-                                f"Build it with `python3 -m nnsight_repro ndif up` (or `ndif env`).")
-        log(f"building {NAME!r} ({reason}) in {where}")
-        shutil.rmtree(where, ignore_errors=True)
-        started = time.monotonic()
-        _build(where, wanted, digest)
-        log(f"built {NAME!r} in {time.monotonic() - started:.0f} s")
-        return envs.Env(NAME, where, envs._read_stamp(where))
+    return envs.cached(NAME, path(), inputs, _build, build=build, how_to_build="python3 -m nnsight_repro ndif up")
 
 
 def _build(where: Path, wanted: dict, digest: str) -> None:
-    import json
-
-    where.mkdir(parents=True)
-    build_log = where / "build.log"
-
-    def step(description: str, command: List[str]) -> str:
-        with open(build_log, "a") as fh:
-            fh.write(f"\n$ {' '.join(command)}\n")
-        result = subprocess.run(command, capture_output=True, text=True)
-        with open(build_log, "a") as fh:
-            fh.write(result.stdout + result.stderr)
-        if result.returncode:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-            raise envs.EnvError(f"Building {NAME!r} failed while {description} (full log: {build_log}):\n{tail}")
-        return result.stdout
-
+    step = envs.stepper(NAME, where / "build.log")
     client = envs.spec(CLIENT_ENV)
     wheel = ndif_wheel()
     nnsight_sdist = envs.sdist(client.nnsight, client.sdist_sha256)
@@ -160,21 +123,13 @@ def _build(where: Path, wanted: dict, digest: str) -> None:
         raise envs.EnvError(f"Building {NAME!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[NDIF_VERSION, client.nnsight]}.")
     freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    stamp = {"name": NAME, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "packages": freeze}
-    staging = where / "env.json.tmp"
-    staging.write_text(json.dumps(stamp, indent=1))
-    os.replace(staging, where / "env.json")
+    envs.write_stamp(where, NAME, digest, wanted, freeze)
 
 
 def status() -> dict:
     where = path()
-    stamp = envs._read_stamp(where)
-    current = envs.digest_of(inputs())
-    state = ("ready" if stamp and stamp.get("digest") == current else
-             "building" if envs._building(NAME) else
-             "stale" if stamp else "half-built" if where.exists() else "missing")
-    return {"name": NAME, "state": state, "path": str(where), "ndif": NDIF_VERSION}
+    return {"name": NAME, "state": envs.state(NAME, where, envs.digest_of(inputs())), "path": str(where),
+            "ndif": NDIF_VERSION}
 
 
 # System packages ------------------------------------------------------------
