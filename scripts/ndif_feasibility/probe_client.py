@@ -1,0 +1,213 @@
+"""The client half of ``probe_ndif.py``: runs validated probes with this interpreter's nnsight.
+
+Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
+with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
+validated by the runner) as JSON on stdin and writes one JSON object per line to stdout:
+
+    {"event": "start", "probe": id}
+    {"event": "status", "probe": id, "status": "RECEIVED" | "QUEUED" | "RUNNING" | "COMPLETED" | ...}
+    {"event": "done", "probe": id, "observed": {...}}
+    {"event": "context", "client": {...}, "server_env": {...} | null}
+
+It knows the three probe kinds (``status``, ``trace``, ``env``), never a single probe. What differs
+between nnsight lines (wrapper, key field, hub-id cache) comes from :mod:`nnsight_repro.lines`.
+Deliberately does not compare observations with expectations: that is the runner's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+from nnsight_repro import lines, models
+
+LINE = lines.current()
+_current_probe = None
+
+
+#: The runner reads events from here; nnsight's own status display writes to ``sys.stdout``, which
+#: :func:`main` points at stderr so it cannot interleave with an event line.
+EVENTS = sys.stdout
+
+
+def emit(**event) -> None:
+    EVENTS.write(json.dumps(event, default=str) + "\n")
+    EVENTS.flush()
+
+
+def watch_statuses() -> None:
+    """Report every status update the server sends, as it arrives (0.8: every update passes ``note``)."""
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    original = RemoteBackend.note
+
+    def note(backend, response):
+        status = getattr(response.status, "value", response.status)
+        emit(event="status", probe=_current_probe, status=str(status))
+        return original(backend, response)
+
+    RemoteBackend.note = note
+
+
+class ProbeFailure(Exception):
+    """A failure the probe itself detects (not an exception nnsight raised); its class name is recorded."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def server_env() -> dict:
+    from nnsight import ndif
+
+    return ndif.get_remote_env()
+
+
+def client_packages(names) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def run_status(probe: dict) -> dict:
+    from nnsight import ndif
+
+    raw = ndif.status(raw=True)
+    deployments = raw.get("deployments", {}) if isinstance(raw, dict) else {}
+    catalogue = sorted({entry.get("model_key") or name for name, entry in deployments.items()})
+    if not catalogue:
+        raise ProbeFailure("EmptyCatalogue", "the server's /status lists no deployment")
+    return {"catalogue": catalogue, "note": f"{len(catalogue)} deployment(s)",
+            "levels": {entry.get("model_key") or name: entry.get("deployment_level")
+                       for name, entry in deployments.items()}}
+
+
+def run_env(probe: dict) -> dict:
+    remote = server_env()
+    wanted = probe["packages"]
+    local = client_packages(wanted)
+    server = {name: remote.get("packages", {}).get(name) for name in wanted}
+    mismatches = {name: {"client": local[name], "server": server[name]}
+                  for name in wanted if local[name] != server[name]}
+    detail = {"client": local, "server": server, "mismatches": mismatches,
+              "client_python": sys.version.split()[0],
+              "server_python": str(remote.get("python_version", "")).split()[0]}
+    listed = ", ".join(f"{n} client {v['client']} / server {v['server']}" for n, v in mismatches.items())
+    # Like nnsight.ndif.compare: a drift in a critical package changes what a remote trace computes; any
+    # other drift is listed, not failed on.
+    critical = [n for n in mismatches if n in probe.get("critical", wanted)]
+    if critical:
+        raise ProbeFailure("EnvMismatch", f"client and server differ in {', '.join(critical)}: {listed}")
+    if listed:
+        detail["note"] = f"differs (not critical): {listed}"
+    return detail
+
+
+def wrapped(probe: dict):
+    """The probe's model wrapped the way a user of this line would, and the key it will send."""
+    from transformers import AutoTokenizer
+
+    spec = probe["model"]
+    entry = models.get(spec["panel"])
+    # The probe, not the panel, decides the class: probe 3 sends a BERT down the CausalLM path.
+    entry = dataclasses.replace(entry, **probe["select"][LINE.name])
+    path = models.saved_model(spec["panel"])
+    # The key names the local saved model (the local server loads it from disk), or the hub repo the
+    # probe stands in for (what a public host serves). Minting offline goes through the one place.
+    LINE.seed_hub_ids({str(path): str(path) if spec.get("key", "local") == "local" else spec["repo_id"]})
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = LINE.wrap(path, entry, tokenizer)
+    return model
+
+
+def run_trace(probe: dict) -> dict:
+    missing = [p for p in probe.get("requires", []) if p not in server_env().get("packages", {})]
+    if missing:
+        raise ProbeFailure("MissingServerPackage",
+                           f"the server's /env has no {', '.join(missing)}; the model cannot be built there")
+    model = wrapped(probe)
+    key = model.to_model_key()
+    # Whether the server had this key deployed before the request: a trace of a key it did not have
+    # shows that a model absent from the catalogue is provisioned on request.
+    try:
+        deployed_before = key in run_status(probe)["catalogue"]
+    except Exception:
+        deployed_before = None
+    hook = probe["hook"][LINE.name]
+    text = probe["input"]
+    # `saved` must be a plain local of the block: a remote trace hands saves back by assigning locals.
+    with model.trace(text, remote=True):
+        saved = eval(hook, {"model": model}).save()
+    while isinstance(saved, (tuple, list)):
+        saved = saved[0]
+    saved = getattr(saved, "last_hidden_state", saved)
+    detail = {"key": key, "hook": hook, "shape": list(getattr(saved, "shape", [])), "deployed_before": deployed_before}
+    if deployed_before is False:
+        detail["note"] = "not deployed before the request: provisioned on request"
+    return detail
+
+
+KINDS = {"status": run_status, "env": run_env, "trace": run_trace}
+
+
+def observe(probe: dict) -> dict:
+    global _current_probe
+    _current_probe = probe["id"]
+    started = time.perf_counter()
+    try:
+        detail = KINDS[probe["kind"]](probe)
+        observed = {"status": "ok", "detail": detail}
+    except ProbeFailure as exc:
+        observed = {"status": "error", "error": exc.kind, "message": str(exc)}
+    except Exception as exc:  # whatever the server or nnsight raised is the observation
+        message = str(exc)
+        observed = {"status": "error", "error": type(exc).__name__,
+                    "error_module": type(exc).__module__,
+                    # Head and tail of a long message: the head says what failed, the tail where.
+                    "message": message if len(message) <= 6000 else message[:3000] + "\n…\n" + message[-3000:],
+                    # A RemoteError's message is the server's description, traceback included.
+                    "server_traceback_tail": "\n".join(message.strip().splitlines()[-12:]),
+                    "client_traceback_tail": "".join(traceback.format_exc().splitlines(True)[-8:])}
+    observed["seconds"] = round(time.perf_counter() - started, 3)
+    return observed
+
+
+def main() -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    probes = json.load(sys.stdin)
+    sys.stdout = sys.stderr
+    watch_statuses()
+    for probe in probes:
+        emit(event="start", probe=probe["id"])
+        emit(event="done", probe=probe["id"], observed=observe(probe))
+    try:
+        env = server_env()
+        remote = {"python": str(env.get("python_version", "")).split()[0],
+                  "packages": {n: env.get("packages", {}).get(n)
+                               for n in ("nnsight", "transformers", "torch", "multimolecule")}}
+    except Exception as exc:
+        remote = {"error": f"{type(exc).__name__}: {exc}"}
+    emit(event="context", client={"line": LINE.name, "env": os.environ.get("NNSIGHT_REPRO_ENV"),
+                                  "python": sys.version.split()[0],
+                                  **client_packages(["nnsight", "transformers", "torch", "multimolecule"])},
+         server_env=remote)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

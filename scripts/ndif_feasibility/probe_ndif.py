@@ -1,0 +1,461 @@
+"""Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.
+
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line upstream-0.8[,main,...]]
+                                                   [--host URL] [--out DIR]
+
+The probes (``probes.toml`` beside this file) are validated before any request: an unknown field, a
+missing one, an expectation that contradicts itself or names an unknown client line, is an error and
+exit code 2. Then, per client line, the probes run in that line's environment
+(:mod:`probe_client`, inside the stack's namespace for the local NDIF), one live status line per probe;
+every observation is compared with the probe's expectation for that line, a final table printed, and
+one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside it.
+Exit 0 only when every observation matched.
+
+Host: ``--host``, else ``NDIF_HOST`` (with ``NDIF_API_KEY``, as nnsight reads them); with neither, the
+project's local NDIF, brought up if it is not running and brought down afterwards if this script
+brought it up. An unreachable host is recorded as every probe's outcome (exit 1).
+
+This runner knows nothing about any single probe: what a probe does is its ``kind``, handled by
+:mod:`probe_client`. Which server generation serves which client line is :data:`CLIENT_LINES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from nnsight_repro import envs, lines, models  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CLIENT = HERE / "probe_client.py"
+DEFAULT_PROBES = HERE / "probes.toml"
+DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
+
+
+@dataclass(frozen=True)
+class ClientLine:
+    env: str
+    #: The local server generation that serves this client line, and whether it exists yet.
+    server: str
+    available: bool
+
+
+CLIENT_LINES: Dict[str, ClientLine] = {
+    "main": ClientLine("main", "the 0.7-line NDIF server (ndif 0.0.1 + backports, stock nnsight 0.7.0)", False),
+    "patched": ClientLine("patched", "the 0.7-line NDIF server (ndif 0.0.1 + backports, stock nnsight 0.7.0)",
+                          False),
+    "upstream-0.8": ClientLine("upstream-0.8", "ndif 0.1.2 (nnsight 0.8.1)", True),
+}
+MISSING_GENERATION = ("the local server generation for client line {line!r} ({server}) does not exist yet "
+                      "(issue 3 phase 2); nothing is run for it rather than faking a result")
+
+KINDS = {
+    "status": {"required": set(), "optional": set()},
+    "env": {"required": {"packages"}, "optional": {"critical"}},
+    "trace": {"required": {"model", "select", "input", "hook"}, "optional": {"requires"}},
+}
+COMMON = {"id", "isolates", "kind", "expect"}
+MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
+
+# Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input;
+# 3 a client line whose server generation does not exist.
+EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_NO_SERVER = 1, 2, 3
+
+
+class ProbeFileError(Exception):
+    """The probe file is malformed or contradicts itself; the message names the probe and field."""
+
+
+# Loading and validating the probes --------------------------------------------------------------------
+
+def _line_of_env(client_line: str) -> str:
+    return envs.SPECS[CLIENT_LINES[client_line].env].line
+
+
+def validate_expectation(where: str, value) -> None:
+    if value == "ok":
+        return
+    if isinstance(value, str):
+        raise ProbeFileError(f"{where}: expected \"ok\" or {{error, message}}, got {value!r}")
+    if not isinstance(value, dict):
+        raise ProbeFileError(f"{where}: expected \"ok\" or {{error, message}}, got {type(value).__name__}")
+    if value.get("status") == "ok" or value.get("ok") is True:
+        # "ok" and an error in one expectation cannot both hold.
+        raise ProbeFileError(f"{where} contradicts itself: it says ok and names an error {value}")
+    unknown = set(value) - {"error", "message"}
+    if unknown:
+        raise ProbeFileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (allowed: error, message)")
+    for field in ("error", "message"):
+        if not isinstance(value.get(field), str) or not value[field]:
+            raise ProbeFileError(f"{where}: an error expectation needs a non-empty {field!r}")
+
+
+def validate_probe(at: int, probe) -> None:
+    if not isinstance(probe, dict):
+        raise ProbeFileError(f"probe #{at + 1} is not a table")
+    name = f"probe {probe.get('id', f'#{at + 1}')!r}"
+    kind = probe.get("kind")
+    if kind not in KINDS:
+        raise ProbeFileError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    allowed = COMMON | KINDS[kind]["required"] | KINDS[kind]["optional"]
+    unknown = set(probe) - allowed
+    if unknown:
+        raise ProbeFileError(f"{name}: unknown field(s) {', '.join(sorted(unknown))} for kind {kind!r} "
+                             f"(allowed: {', '.join(sorted(allowed))})")
+    missing = (COMMON | KINDS[kind]["required"]) - set(probe)
+    if missing:
+        raise ProbeFileError(f"{name}: missing field(s) {', '.join(sorted(missing))}")
+    for field in ("id", "isolates"):
+        if not isinstance(probe[field], str) or not probe[field].strip():
+            raise ProbeFileError(f"{name}: {field!r} must be a non-empty string")
+    expect = probe["expect"]
+    if not isinstance(expect, dict):
+        raise ProbeFileError(f"{name}: 'expect' must map client lines to outcomes")
+    unknown_lines = set(expect) - set(CLIENT_LINES)
+    if unknown_lines:
+        raise ProbeFileError(f"{name}: expectation for unknown client line(s) {', '.join(sorted(unknown_lines))} "
+                             f"(client lines: {', '.join(CLIENT_LINES)})")
+    missing_lines = set(CLIENT_LINES) - set(expect)
+    if missing_lines:
+        raise ProbeFileError(f"{name}: no expectation for client line(s) {', '.join(sorted(missing_lines))}")
+    for client_line, value in expect.items():
+        validate_expectation(f"{name} expect.{client_line}", value)
+    if kind == "env":
+        if not isinstance(probe["packages"], list) or not probe["packages"]:
+            raise ProbeFileError(f"{name}: 'packages' must be a non-empty list")
+        stray = set(probe.get("critical", [])) - set(probe["packages"])
+        if stray:
+            raise ProbeFileError(f"{name}: critical package(s) {', '.join(sorted(stray))} are not among 'packages'")
+    if kind == "trace":
+        validate_trace(name, probe)
+
+
+def validate_trace(name: str, probe: dict) -> None:
+    model = probe["model"]
+    if not isinstance(model, dict) or "panel" not in model or "repo_id" not in model:
+        raise ProbeFileError(f"{name}: 'model' needs 'panel' (the local stand-in) and 'repo_id'")
+    unknown = set(model) - MODEL_FIELDS
+    if unknown:
+        raise ProbeFileError(f"{name}: unknown model field(s) {', '.join(sorted(unknown))}")
+    if model["panel"] not in models.PANEL:
+        raise ProbeFileError(f"{name}: panel model {model['panel']!r} is not in the panel ({', '.join(models.PANEL)})")
+    if model.get("key", "local") not in ("local", "hub"):
+        raise ProbeFileError(f"{name}: model.key must be \"local\" or \"hub\"")
+    for field in ("select", "hook"):
+        if not isinstance(probe[field], dict) or set(probe[field]) != set(lines.LINES):
+            raise ProbeFileError(f"{name}: {field!r} must give exactly the nnsight lines {', '.join(lines.LINES)}")
+    for line_name, choice in probe["select"].items():
+        # lines.py says which key field carries the model class on each line (automodel / task).
+        field = lines.LINES[line_name].class_field
+        if not isinstance(choice, dict) or set(choice) != {field}:
+            raise ProbeFileError(f"{name}: select.{line_name} must be {{ {field} = ... }} "
+                                 f"(the {line_name} line chooses the model class by {field!r})")
+    for line_name, expression in probe["hook"].items():
+        try:
+            compile(expression, f"{name} hook.{line_name}", "eval")
+        except SyntaxError as exc:
+            raise ProbeFileError(f"{name}: hook.{line_name} is not an expression: {exc}") from None
+    if not isinstance(probe["input"], str):
+        raise ProbeFileError(f"{name}: 'input' must be a string")
+    requires = probe.get("requires", [])
+    if not isinstance(requires, list):
+        raise ProbeFileError(f"{name}: 'requires' must be a list of package names")
+
+
+def load_probes(path: Path) -> List[dict]:
+    """The probes of ``path``, validated; :class:`ProbeFileError` before anything is sent."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.load(fh) if path.suffix == ".json" else tomllib.load(fh)
+    except FileNotFoundError:
+        raise ProbeFileError(f"no probe file at {path}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ProbeFileError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict) or set(data) != {"probe"} or not isinstance(data["probe"], list) or not data["probe"]:
+        raise ProbeFileError(f"{path}: expected one or more [[probe]] tables and nothing else")
+    seen = set()
+    for at, probe in enumerate(data["probe"]):
+        validate_probe(at, probe)
+        if probe["id"] in seen:
+            raise ProbeFileError(f"{path}: probe id {probe['id']!r} appears twice")
+        seen.add(probe["id"])
+    return data["probe"]
+
+
+def parse_lines(text: str) -> List[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [c for c in chosen if c not in CLIENT_LINES]
+    if unknown or not chosen:
+        raise ProbeFileError(f"unknown client line(s) {', '.join(unknown) or '(none given)'}; "
+                             f"client lines: {', '.join(CLIENT_LINES)}")
+    return chosen
+
+
+# Matching --------------------------------------------------------------------------------------------
+
+def matches(expected, observed: dict) -> bool:
+    if expected == "ok":
+        return observed.get("status") == "ok"
+    return (observed.get("status") == "error" and observed.get("error") == expected["error"]
+            and expected["message"] in (observed.get("message") or ""))
+
+
+def headline(observed: dict, width: int = 160) -> str:
+    """One line for a table: "ok" (with the probe's note), or the error and the line of its message
+    that names it (a server traceback ends with it)."""
+    if observed.get("status") == "ok":
+        note = (observed.get("detail") or {}).get("note")
+        return f"ok ({note})"[:width] if note else "ok"
+    text = [line for line in (observed.get("message") or "").strip().splitlines() if line.strip()]
+    line = text[-1] if text and text[0].startswith("Traceback") else (text[0] if text else "")
+    return f"{observed.get('error')}: {line}"[:width]
+
+
+def describe(expected) -> str:
+    return "ok" if expected == "ok" else f"{expected['error']}: …{expected['message']}…"
+
+
+# Hosts ----------------------------------------------------------------------------------------------
+
+class Host:
+    """Where requests go, and how a client process reaches it."""
+
+    def __init__(self, url: str, api_key: Optional[str], local_cfg=None):
+        self.url, self.api_key, self.local_cfg = url.rstrip("/"), api_key, local_cfg
+
+    @property
+    def kind(self) -> str:
+        return "local NDIF stack" if self.local_cfg else "given host"
+
+    def command(self, env: envs.Env, argv: List[str]) -> List[str]:
+        if self.local_cfg is not None:
+            from nnsight_repro.ndif import stack
+            return stack.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
+        return [str(env.python), *argv]
+
+    def environ(self, env: envs.Env) -> dict:
+        extra = {"NDIF_HOST": self.url}
+        if self.api_key:
+            extra["NDIF_API_KEY"] = self.api_key
+        return env.environ(extra)
+
+    def reachable(self) -> Optional[str]:
+        """None when the API answers ``/ping``; else why not."""
+        if self.local_cfg is not None:
+            from nnsight_repro.ndif import stack
+            answer = stack.http_get(self.local_cfg, "/ping")
+            return None if answer.get("status") == 200 else answer.get("error") or f"HTTP {answer.get('status')}"
+        try:
+            with urllib.request.urlopen(self.url + "/ping", timeout=10) as response:
+                return None if response.status == 200 else f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+
+
+def local_host(say) -> Tuple[Host, bool]:
+    """The project's local NDIF; (host, whether this call brought it up)."""
+    from nnsight_repro.ndif import config, netns, stack
+
+    cfg = config.default()
+    if stack.healthy(cfg):
+        return Host(cfg.api_url, None, cfg), False
+    if netns.exists(cfg.netns):
+        say("the local NDIF stack is unhealthy; replacing it")
+        stack.down(cfg)
+    say("bringing up the local NDIF stack (nnsight_repro.ndif.stack)")
+    stack.up(cfg)
+    return Host(cfg.api_url, None, cfg), True
+
+
+# Running ---------------------------------------------------------------------------------------------
+
+def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
+    """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs."""
+    env = envs.ensure(CLIENT_LINES[client_line].env)
+    # stderr (nnsight's own progress display) goes to a file: a pipe nobody reads while we read stdout
+    # would fill up and block the client.
+    errors = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(host.command(env, [str(CLIENT)]), env=host.environ(env), cwd=ROOT,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    observed: Dict[str, dict] = {}
+    context: dict = {}
+    process.stdin.write(json.dumps(probes))
+    process.stdin.close()
+    trail: Dict[str, List[str]] = {}
+    for raw in process.stdout:
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            continue
+        probe_id = event.get("probe")
+        if event.get("event") == "start":
+            trail[probe_id] = []
+            say(f"{probe_id}: started")
+        elif event.get("event") == "status":
+            trail.setdefault(probe_id, []).append(event["status"])
+            say(f"{probe_id}: {event['status']}")
+        elif event.get("event") == "done":
+            result = event["observed"]
+            result["statuses"] = trail.get(probe_id, [])
+            observed[probe_id] = result
+            say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
+        elif event.get("event") == "context":
+            context = {"client": event["client"], "server_env": event["server_env"]}
+    process.wait()
+    errors.seek(0)
+    stderr = errors.read()
+    errors.close()
+    for probe in probes:
+        if probe["id"] not in observed:
+            # The client died before reaching this probe: that is its observation.
+            observed[probe["id"]] = {"status": "error", "error": "ClientDied",
+                                     "message": f"the {client_line} client exited with code {process.returncode} "
+                                                f"before this probe finished",
+                                     "client_stderr_tail": "\n".join(stderr.strip().splitlines()[-15:]),
+                                     "seconds": 0.0, "statuses": trail.get(probe["id"], [])}
+            say(f"{probe['id']}: ClientDied (exit {process.returncode})")
+    return observed, context
+
+
+def unreachable(probes: List[dict], why: str) -> Dict[str, dict]:
+    return {p["id"]: {"status": "error", "error": "HostUnreachable", "message": why, "seconds": 0.0,
+                      "statuses": []} for p in probes}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(text)
+    os.replace(staging, path)
+
+
+def table(rows: List[dict]) -> str:
+    headers = ["probe", "expected", "observed", "match", "s"]
+    body = [[r["id"], describe(r["expected"]), headline(r["observed"], 90),
+             "yes" if r["matched"] else "NO", str(r["observed"].get("seconds", ""))] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(out)
+
+
+def markdown(record: dict) -> str:
+    ctx = record["context"]
+    out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
+           f"- date: {ctx['date']}", f"- command: `{ctx['command']}`",
+           f"- host: {ctx['host']} ({ctx['host_kind']}; server generation: {ctx['server_generation']})",
+           f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
+           f"- all matched: **{record['all_matched']}**", "",
+           "| probe | isolates | expected | observed | match | s |", "|---|---|---|---|---|---|"]
+    for r in record["probes"]:
+        o = r["observed"]
+        seen = headline(o)
+        out.append(f"| {r['id']} | {r['declaration']['isolates']} | {describe(r['expected'])} | "
+                   f"{seen.replace('|', '/')} | {'yes' if r['matched'] else '**NO**'} | {o.get('seconds', '')} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="probe_ndif.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
+    parser.add_argument("--line", default="upstream-0.8", help=f"client line(s), comma-separated: {', '.join(CLIENT_LINES)}")
+    parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(f"[probe_ndif] {message}", flush=True)
+
+    command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+
+    def refuse(message: str, code: int) -> int:
+        # Refused before any request, and recorded like a run: the refusal is the outcome.
+        print(f"probe_ndif: error: {message}", file=sys.stderr)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        write_atomically(args.out / f"refused-{stamp}.json", json.dumps(
+            {"refused": message, "exit_code": code, "probe_file": str(args.probes), "lines": args.line,
+             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "command": command}, indent=1) + "\n")
+        return code
+
+    try:
+        chosen = parse_lines(args.line)
+        probes = load_probes(args.probes)
+    except ProbeFileError as exc:
+        return refuse(str(exc), EXIT_BAD_INPUT)
+    absent = [c for c in chosen if not CLIENT_LINES[c].available]
+    if absent:
+        return refuse("; ".join(MISSING_GENERATION.format(line=c, server=CLIENT_LINES[c].server) for c in absent),
+                      EXIT_NO_SERVER)
+
+    url = args.host or os.environ.get("NDIF_HOST")
+    api_key = os.environ.get("NDIF_API_KEY")
+    brought_up = False
+    if url:
+        host = Host(url, api_key)
+    else:
+        host, brought_up = local_host(say)
+    exit_code = 0
+    try:
+        for client_line in chosen:
+            say(f"client line {client_line} -> {host.url} ({host.kind})")
+            started = time.perf_counter()
+            why = host.reachable()
+            if why:
+                say(f"NDIF host {host.url} is unreachable: {why}")
+                observed, context = unreachable(probes, f"NDIF host {host.url} is unreachable: {why}"), {}
+            else:
+                observed, context = run_line(client_line, probes, host, say)
+            rows = []
+            for probe in probes:
+                expected = probe["expect"][client_line]
+                rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
+                             "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
+            all_matched = all(r["matched"] for r in rows)
+            record = {
+                "client_line": client_line, "all_matched": all_matched, "probes": rows,
+                "seconds": round(time.perf_counter() - started, 3),
+                "context": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            "command": command, "host": host.url, "host_kind": host.kind,
+                            "api_key_given": bool(host.api_key), "machine": socket.gethostname(),
+                            "server_generation": CLIENT_LINES[client_line].server if host.local_cfg else "as the host reports",
+                            "probe_file": str(args.probes), **context},
+            }
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            target = args.out / f"{client_line}-{stamp}.json"
+            write_atomically(target, json.dumps(record, indent=1, default=str) + "\n")
+            write_atomically(target.with_suffix(".md"), markdown(record))
+            print(table(rows), flush=True)
+            say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
+            if not all_matched:
+                exit_code = EXIT_MISMATCH
+    finally:
+        if brought_up:
+            from nnsight_repro.ndif import stack
+            say("bringing the local NDIF stack down (this run brought it up)")
+            stack.down(host.local_cfg)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
