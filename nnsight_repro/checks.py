@@ -14,12 +14,20 @@ Checks (each yields ``{"ok": bool, ...}`` or ``{"ok": false, "error", "message"}
 - ``remote_key``: the key a server receives, and the class a server rebuilds from
   it offline (ok: the class the user wrapped);
 - ``embedding_shift``: per-position L2 shift of the final hidden states when one
-  token is substituted, to 4 d.p. with a digest (numbers, not a pass/fail).
+  unit (word, nucleotide, codon, residue) is substituted, to 4 d.p. with a
+  digest, plus where it peaks and how far it spreads (numbers, not a pass/fail).
+
+Not run unless asked for (``--checks``), because it starts a process:
+
+- ``rebuild_without_package``: the server-side rebuild from the model's key in a
+  fresh interpreter that imports nothing the model needs (no multimolecule):
+  shows which models need their package importable where they are rebuilt.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +41,11 @@ from typing import Callable, Dict, List
 from . import models
 
 CHECKS: List[str] = ["synthesized_classes", "serializer_round_trip", "remote_local", "remote_key", "embedding_shift"]
+#: Checks run only when named: each costs a fresh interpreter (shared by all models of one run).
+EXTRA_CHECKS: List[str] = ["rebuild_without_package"]
+#: Names ``--models`` accepts for a whole panel.
+PANEL_ALIASES = {"panel": lambda: list(models.PANEL), "rna": lambda: list(models.extended())[len(models.PANEL):],
+                 "all": lambda: list(models.extended())}
 
 #: Stands in for a hub repo id in recorded keys, so keys do not carry cache paths.
 HUB_NAMESPACE = "nnsight-repro"
@@ -66,6 +79,8 @@ class Subject:
 
         self.entry = models.get(name)
         self.line = lines.current()
+        # multimolecule registers its configs and tokenizers with the Auto classes only on import.
+        models.import_requirements(self.entry)
         self.path = models.saved_model(name)
         self.hub_id = f"{HUB_NAMESPACE}/{name}"
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
@@ -73,7 +88,7 @@ class Subject:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.model = self.line.wrap(self.path, self.entry, self.tokenizer)
-        self.ids = [models.token_ids(self.tokenizer, s) for s in models.sentences()]
+        self.ids = [models.token_ids(self.tokenizer, s) for s in models.texts_for(self.entry)]
 
     def envoy(self, dotted: str):
         node = self.model
@@ -95,10 +110,41 @@ class Subject:
         points = self.read_points()
         saved = {}
         kwargs = {} if remote is None else {"remote": remote}
-        with self.model.trace(ids, **kwargs):
-            for label, envoy, attr in points:
-                saved[label] = getattr(envoy, attr).save()
+        if self.entry.tokenizer is not None:
+            import torch
+
+            # UTR-LM's embeddings read the attention mask, and 0.7's LanguageModel
+            # makes none from an input_ids tensor. (PANEL's models keep their inputs.)
+            kwargs["attention_mask"] = torch.ones_like(ids)
+        with server_modules(self.entry.requires if remote == "local" else ()):
+            with self.model.trace(ids, **kwargs):
+                for label, envoy, attr in points:
+                    saved[label] = getattr(envoy, attr).save()
         return {label: hidden_states(value) for label, value in saved.items()}
+
+
+@contextlib.contextmanager
+def server_modules(packages):
+    """Simulate a server that has ``packages`` installed, as a server for these models must.
+
+    0.7's ``remote="local"`` hides every module outside a fixed server list
+    while it deserializes; the request names the model's config class, so a
+    multimolecule model would otherwise re-import multimolecule with ``__main__``
+    hidden and fail on that, not on anything nnsight sends. 0.8's simulation has
+    no such list, and then this does nothing.
+    """
+    try:
+        from nnsight.intervention.backends import local_simulation
+    except ImportError:
+        local_simulation = None
+    allowed = getattr(local_simulation, "SERVER_MODULES", None)
+    added = [p for p in packages if allowed is not None and p not in allowed]
+    allowed = allowed if allowed is not None else set()
+    allowed.update(added)
+    try:
+        yield added
+    finally:
+        allowed.difference_update(added)
 
 
 def hidden_states(value):
@@ -140,6 +186,8 @@ def check_remote_local(subject: Subject) -> dict:
         record[label] = {"shape": list(remote[label].shape), "digest": digest(rounded(remote[label])),
                          "equals_local": bool((remote[label] == local[label]).all())}
     record["ok"] = all(record[label]["equals_local"] for label in local)
+    if subject.entry.requires:
+        record["server_has"] = list(subject.entry.requires)  # see server_modules()
     return record
 
 
@@ -163,25 +211,106 @@ def check_embedding_shift(subject: Subject) -> dict:
 
     reference, substituted = (subject.trace(ids)["final_hidden"] for ids in subject.ids)
     shift = torch.linalg.vector_norm(substituted[0] - reference[0], dim=-1)
+    # RNA-MSM keeps an MSA-row axis: (rows, length) for one sequence; one row here.
+    shift = shift.reshape(-1, shift.shape[-1])[0] if shift.dim() > 1 else shift
     values = rounded(shift)
-    position = models.SUBSTITUTION[0] + (1 if subject.entry.encoder else 0)
+    # The token positions whose ids differ: one for a word, nucleotide, codon or residue,
+    # three for a nucleotide under overlapping 3-mers (UTR-BERT).
+    changed = [int(i) for i in (subject.ids[0][0] != subject.ids[1][0]).nonzero().flatten()]
+    position = changed[0] if changed else models.SUBSTITUTION[0] + (1 if subject.entry.encoder else 0)
     return {"ok": True, "values": values, "digest": digest(values), "substituted_position": position,
-            "peak_position": int(shift.argmax())}
+            "peak_position": int(shift.argmax()), **spread(shift, changed or [position])}
+
+
+def spread(shift, changed: List[int]) -> dict:
+    """How far the shift reaches beyond the substituted tokens (special tokens included, as positions).
+
+    ``reach``: positions outside the substituted ones whose shift is at least a
+    tenth of the peak, and the farthest of them in tokens from the substitution.
+    """
+    peak = float(shift.max())
+    others = [i for i in range(len(shift)) if i not in changed]
+    reached = [i for i in others if float(shift[i]) >= 0.1 * peak] if peak > 0 else []
+    return {
+        "substituted_positions": changed,
+        "peak_value": round(peak, 4),
+        "mean_elsewhere": round(float(shift[others].mean()), 4) if others else 0.0,
+        "reach_positions": len(reached),
+        "reach_tokens": max((min(abs(i - c) for c in changed) for i in reached), default=0),
+    }
+
+
+#: Runs in a fresh interpreter: rebuilds each key (JSON list of [name, wrapper import path, key]) as a server
+#: would, importing only nnsight and transformers, and prints one JSON object of outcomes.
+REBUILD_SCRIPT = r"""
+import importlib, json, sys, warnings
+jobs, out = json.loads(sys.stdin.read()), {}
+for name, key in jobs:
+    import_path, _, fields = key.partition(":")
+    module, _, cls = import_path.rpartition(".")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rebuilt = getattr(importlib.import_module(module), cls).from_model_key(key)
+        out[name] = {"ok": True, "rebuilt_class": type(rebuilt._module).__name__}
+    except Exception as exc:
+        out[name] = {"ok": False, "error": type(exc).__name__, "message": str(exc).strip().splitlines()[0][:300]}
+out["_imported"] = sorted(m for m in ("multimolecule", "antiberty") if m in sys.modules)
+print(json.dumps(out))
+"""
+
+def rebuild_job(subject: Subject) -> list:
+    """``[name, key]`` for the rebuild interpreter, with the cache directory standing in for the hub."""
+    key = subject.model.to_model_key()
+    import_path, _, fields = key.partition(":")
+    fields = json.loads(fields)
+    fields["repo_id"] = str(subject.path)
+    return [subject.entry.name, f"{import_path}:{json.dumps(fields)}"]
+
+
+def rebuild_without_package(jobs: List[list]) -> Dict[str, dict]:
+    """One fresh interpreter rebuilds every queued key (starting one costs seconds: nnsight, transformers)."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", REBUILD_SCRIPT], input=json.dumps(jobs), text=True,
+                         capture_output=True, timeout=600,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if run.returncode:
+        raise RuntimeError(f"rebuild interpreter failed: {run.stderr.strip()[-500:]}")
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    imported = found.pop("_imported")
+    results = {}
+    for name, result in found.items():
+        entry = models.get(name)
+        result = {**result, "packages_imported": imported, "requires": list(entry.requires),
+                  "expected_class": entry.model_class}
+        if result["ok"]:
+            result["ok"] = result["rebuilt_class"] == entry.model_class
+        # Whether this model needs its own package importable where it is rebuilt.
+        result["needs_package_where_rebuilt"] = bool(entry.requires) and not result["ok"]
+        results[name] = result
+    return results
+
+
+def check_rebuild_without_package(subject: Subject) -> dict:
+    """For one model; :func:`run` batches all models of a run into one interpreter instead."""
+    return rebuild_without_package([rebuild_job(subject)])[subject.entry.name]
 
 
 CHECK_FUNCTIONS: Dict[str, Callable[[Subject], dict]] = {
-    name: globals()[f"check_{name}"] for name in CHECKS
+    name: globals()[f"check_{name}"] for name in CHECKS + EXTRA_CHECKS
 }
 
 
 def validate(model_names: List[str], check_names: List[str]) -> None:
-    unknown_models = [m for m in model_names if m not in models.PANEL]
+    known = models.extended()
+    unknown_models = [m for m in model_names if m not in known]
     unknown_checks = [c for c in check_names if c not in CHECK_FUNCTIONS]
     if unknown_models or unknown_checks:
         raise ValueError(
             "; ".join(
                 part for part in [
-                    unknown_models and f"unknown model(s) {', '.join(unknown_models)} (panel: {', '.join(models.PANEL)})",
+                    unknown_models and f"unknown model(s) {', '.join(unknown_models)} (panel: {', '.join(known)})",
                     unknown_checks and f"unknown check(s) {', '.join(unknown_checks)} (checks: {', '.join(CHECKS)})",
                 ] if part
             )
@@ -214,7 +343,12 @@ def run(model_names: List[str], check_names: List[str] = CHECKS) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    # Before nnsight: 0.7.0 mounts ``save`` on every object, and huggingface_hub's
+    # typed classes (which multimolecule's imports define) then refuse to be created.
+    for name in model_names:
+        models.import_requirements(models.get(name))
     record = {"environment": environment(), "models": {}}
+    queued: List[list] = []
     for name in model_names:
         results = {}
         try:
@@ -224,10 +358,23 @@ def run(model_names: List[str], check_names: List[str] = CHECKS) -> dict:
         else:
             for check in check_names:
                 try:
+                    if check == "rebuild_without_package":
+                        queued.append(rebuild_job(subject))  # run once for all models, below
+                        continue
                     results[check] = CHECK_FUNCTIONS[check](subject)
                 except Exception as exc:
                     results[check] = failure(exc)
         record["models"][name] = results
+    if queued:
+        try:
+            rebuilt = rebuild_without_package(queued)
+        except Exception as exc:
+            rebuilt = {name: failure(exc) for name, _ in queued}
+        for name, _ in queued:
+            record["models"][name]["rebuild_without_package"] = rebuilt[name]
+    for name in model_names:  # keep each model's checks in the order asked for
+        results = record["models"][name]
+        record["models"][name] = {c: results[c] for c in check_names if c in results}
     return record
 
 
@@ -238,7 +385,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the JSON record here instead of stdout")
     args = parser.parse_args(argv)
     try:
-        record = run(args.models.split(","), args.checks.split(","))
+        names = [n for part in args.models.split(",") for n in (PANEL_ALIASES[part]() if part in PANEL_ALIASES else [part])]
+        record = run(names, args.checks.split(","))
     except ValueError as exc:
         parser.error(str(exc))
     text = json.dumps(record, indent=1)

@@ -52,6 +52,26 @@ class PanelModel:
     encoder: bool
     seed: int = 0
     layers: int = 2
+    # The fields below default to the toy-vocabulary models above, so their
+    # entries (and every number they produce) are unchanged. Panels of real
+    # model families (nnsight_repro.panel_rna) set them.
+    #: Module that defines ``model_class`` (and registers its Auto classes on import).
+    module: str = "transformers"
+    #: Packages a process must import before it can build, load or rebuild this model.
+    requires: tuple = ()
+    #: Builds the checkpoint's real tokenizer; None: the toy word-level one.
+    tokenizer: Callable[[], object] | None = None
+    #: The input text and ``(index, replacement)`` of the substituted unit (word, nucleotide, codon, residue).
+    text: str = SENTENCE
+    substitution: tuple = SUBSTITUTION
+    #: How units are joined into the text the tokenizer gets ("" for raw sequences).
+    separator: str = " "
+    #: Length in characters of one substitution unit (3 for codons).
+    unit: int = 1
+    #: Directory of real pretrained weights; None: seeded random weights from ``config``.
+    pretrained: Callable[[], Path] | None = None
+    #: Whether a layer has a submodule named ``output`` (what 0.7.0 trips over).
+    has_output_child: bool = True
 
     def config_for(self, layers: int | None = None):
         return self.config(self.layers if layers is None else layers)
@@ -100,11 +120,32 @@ PANEL: Dict[str, PanelModel] = {
 }
 
 
+def extended() -> Dict[str, PanelModel]:
+    """Every model the check routine knows: PANEL plus the RNA/protein panel (nnsight_repro.panel_rna).
+
+    The RNA/protein panel is kept out of PANEL, which the pytest suite is
+    parametrized over: its models need multimolecule (a ~10 s import) and real
+    weights, so they run through the check routine, once per environment.
+    """
+    from .panel_rna import RNA_PANEL
+
+    return {**PANEL, **RNA_PANEL}
+
+
 def get(name: str) -> PanelModel:
+    known = extended()
     try:
-        return PANEL[name]
+        return known[name]
     except KeyError:
-        raise ValueError(f"Unknown model {name!r}; the panel has: {', '.join(PANEL)}.") from None
+        raise ValueError(f"Unknown model {name!r}; the panel has: {', '.join(known)}.") from None
+
+
+def import_requirements(entry: PanelModel) -> None:
+    """Import what registers this model's classes (importlib caches: each package loads once per process)."""
+    import importlib
+
+    for package in entry.requires:
+        importlib.import_module(package)
 
 
 def build_tokenizer(encoder: bool):
@@ -127,19 +168,37 @@ def build_tokenizer(encoder: bool):
 
 def build_model(entry: PanelModel, layers: int | None = None):
     """The torch model with seeded random weights, in eval mode."""
-    import torch
-    import transformers
+    import importlib
 
+    import torch
+
+    import_requirements(entry)
+    if entry.pretrained is not None:
+        import transformers
+
+        return getattr(transformers, entry.automodel).from_pretrained(str(entry.pretrained())).eval()
     torch.manual_seed(entry.seed)
-    model = getattr(transformers, entry.model_class)(entry.config_for(layers))
+    model = getattr(importlib.import_module(entry.module), entry.model_class)(entry.config_for(layers))
     return model.eval()
+
+
+def tokenizer_for(entry: PanelModel):
+    import_requirements(entry)
+    return entry.tokenizer() if entry.tokenizer is not None else build_tokenizer(entry.encoder)
 
 
 def _fingerprint(entry: PanelModel, layers: int) -> str:
     import transformers
 
-    config = entry.config_for(layers).to_json_string(use_diff=False)
-    blob = json.dumps([entry.name, entry.model_class, entry.seed, config, transformers.__version__, SPECIALS + WORDS])
+    if entry.pretrained is not None:
+        # Real weights: the fingerprint is the package directory's files, by name and size.
+        source = entry.pretrained()
+        config = sorted((p.name, p.stat().st_size) for p in source.iterdir())
+    else:
+        import_requirements(entry)
+        config = entry.config_for(layers).to_json_string(use_diff=False)
+    vocabulary = SPECIALS + WORDS if entry.tokenizer is None else [entry.name, entry.module]
+    blob = json.dumps([entry.name, entry.model_class, entry.seed, config, transformers.__version__, vocabulary])
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -157,8 +216,14 @@ def saved_model(name: str, layers: int | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build_model(entry, layers).save_pretrained(staging)
-        build_tokenizer(entry.encoder).save_pretrained(staging)
+        if entry.pretrained is not None:
+            # Link the packaged weights instead of copying 100 MB: the wrapper only needs one directory
+            # holding both the model and its tokenizer.
+            for item in entry.pretrained().iterdir():
+                os.symlink(item, staging / item.name)
+        else:
+            build_model(entry, layers).save_pretrained(staging)
+        tokenizer_for(entry).save_pretrained(staging)
         os.rename(staging, target)
     except OSError:
         if not (target / "config.json").is_file():
@@ -181,3 +246,17 @@ def substituted_sentence() -> str:
 
 def sentences() -> List[str]:
     return [SENTENCE, substituted_sentence()]
+
+
+def texts_for(entry: PanelModel) -> List[str]:
+    """The entry's reference text and the text with its one unit substituted."""
+    if entry.separator:
+        units = entry.text.split(entry.separator)
+    else:
+        units = [entry.text[i:i + entry.unit] for i in range(0, len(entry.text), entry.unit)]
+    position, replacement = entry.substitution
+    if units[position] == replacement:
+        raise ValueError(f"{entry.name}: substituting {replacement!r} at {position} changes nothing")
+    changed = list(units)
+    changed[position] = replacement
+    return [entry.separator.join(units), entry.separator.join(changed)]
