@@ -100,29 +100,31 @@ def log(message: str) -> None:
 
 def sdist(version: str, sha256: str) -> Path:
     """The nnsight sdist, downloaded once by pip into the cache and checked against its pinned hash."""
+    return download(f"nnsight-{version}.tar.gz", sha256, ["--no-binary", ":all:", f"nnsight=={version}"])
+
+
+def download(filename: str, sha256: str, pip_args: List[str]) -> Path:
+    """``filename`` from the package index (``pip download --no-deps`` with ``pip_args``), cached and hash-checked."""
     folder = cache_dir() / "sdists"
-    path = folder / f"nnsight-{version}.tar.gz"
+    path = folder / filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                 f"nnsight=={version}", "-d", scratch],
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *pip_args, "-d", scratch],
                 capture_output=True, text=True,
             )
-            found = list(Path(scratch).glob(f"nnsight-{version}.tar.gz"))
-            if result.returncode or not found:
-                raise EnvError(
-                    f"Could not get the nnsight {version} sdist from the package index "
-                    f"(pip: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'no file'}). "
-                    f"Check access to PyPI, or put nnsight-{version}.tar.gz into {folder}."
-                )
-            os.replace(found[0], path)
+            found = Path(scratch) / filename
+            if result.returncode or not found.is_file():
+                last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no file"
+                raise EnvError(f"Could not get {filename} from the package index (pip: {last}). "
+                               f"Check access to PyPI, or put {filename} into {folder}.")
+            os.replace(found, path)
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if actual != sha256:
         raise EnvError(
             f"{path} has sha256 {actual}, not the pinned {sha256}. "
-            f"Delete it so it is downloaded again, or update the pin in nnsight_repro/envs.py if the release changed."
+            f"Delete it so it is downloaded again, or update the pin if the release changed."
         )
     return path
 
@@ -216,9 +218,9 @@ def _building(name: str) -> bool:
         return False
 
 
-def _read_stamp(path: Path) -> Optional[dict]:
+def _read_stamp(path: Path, filename: str = "env.json") -> Optional[dict]:
     try:
-        return json.loads((path / "env.json").read_text())
+        return json.loads((path / filename).read_text())
     except (OSError, ValueError):
         return None
 

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from . import envs
 from .paths import cache_dir
 
 
@@ -44,10 +45,7 @@ def overlay_dir(requirement: str) -> Path:
 
 
 def _stamp(path: Path) -> Optional[dict]:
-    try:
-        return json.loads((path / "overlay.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return envs._read_stamp(path, "overlay.json")
 
 
 def ensure(requirement: str, python: Path) -> Path:

@@ -31,12 +31,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from .. import envs
-from ..paths import cache_dir
 
 NAME = "ndif-server"
 NDIF_VERSION = "0.1.2"
@@ -55,27 +53,7 @@ def log(message: str) -> None:
 
 def ndif_wheel() -> Path:
     """The ndif wheel, downloaded once into the cache and checked against its pinned hash."""
-    folder = cache_dir() / "sdists"
-    path = folder / NDIF_WHEEL
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as scratch:
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--ignore-requires-python",
-                 f"ndif=={NDIF_VERSION}", "-d", scratch],
-                capture_output=True, text=True,
-            )
-            found = Path(scratch) / NDIF_WHEEL
-            if result.returncode or not found.is_file():
-                last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no file"
-                raise envs.EnvError(f"Could not get {NDIF_WHEEL} from the package index (pip: {last}). "
-                                    f"Check access to PyPI, or put the wheel into {folder}.")
-            os.replace(found, path)
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != NDIF_WHEEL_SHA256:
-        raise envs.EnvError(f"{path} has sha256 {actual}, not the pinned {NDIF_WHEEL_SHA256}. "
-                            f"Delete it so it is downloaded again.")
-    return path
+    return envs.download(NDIF_WHEEL, NDIF_WHEEL_SHA256, ["--ignore-requires-python", f"ndif=={NDIF_VERSION}"])
 
 
 def inputs() -> dict:
