@@ -115,7 +115,8 @@ PANEL: Dict[str, PanelModel] = {
         PanelModel("esm-mlm", _esm_config, "EsmForMaskedLM", "AutoModelForMaskedLM", "fill-mask",
                    final_hidden="esm.encoder", first_layer="esm.encoder.layer.0", encoder=True),
         PanelModel("gpt2", _gpt2_config, "GPT2LMHeadModel", "AutoModelForCausalLM", "text-generation",
-                   final_hidden="transformer.h.-1", first_layer="transformer.h.0", encoder=False),
+                   final_hidden="transformer.h.-1", first_layer="transformer.h.0", encoder=False,
+                   has_output_child=False),
     ]
 }
 

@@ -91,8 +91,8 @@ def _antiberty_tokenizer():
     return BertTokenizer.from_pretrained(str(antiberty_dir()), do_lower_case=False)
 
 
-def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, text=RNA, substitution=RNA_SUBSTITUTION,
-                   unit=1, has_output_child=True, **config_extra) -> PanelModel:
+def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, seed: int, text=RNA,
+                   substitution=RNA_SUBSTITUTION, unit=1, has_output_child=True, **config_extra) -> PanelModel:
     return PanelModel(
         name, _tiny(config_class, **config_extra), f"{family}ForMaskedLM", "AutoModelForMaskedLM", "fill-mask",
         # The encoder's output, not the last layer's: for the pre-LN families
@@ -100,28 +100,31 @@ def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, text
         # last layer, and only the encoder's output equals hidden_states[-1].
         final_hidden="model.encoder", first_layer="model.encoder.layer.0", encoder=True,
         module="multimolecule", requires=MULTIMOLECULE, tokenizer=tokenizer, text=text, substitution=substitution,
-        separator="", unit=unit, has_output_child=has_output_child,
+        separator="", unit=unit, has_output_child=has_output_child, seed=seed,
     )
 
 
+# Each multimolecule model has its own seed: RNABERT and SpliceBERT share the tiny shape and the
+# tokenizer, so with one seed they came out weight for weight identical and their numbers could
+# not tell them apart.
 RNA_PANEL: Dict[str, PanelModel] = {
     m.name: m
     for m in [
-        _multimolecule("rnabert", "RnaBert", "RnaBertConfig", _rna_tokenizer()),
-        _multimolecule("splicebert", "SpliceBert", "SpliceBertConfig", _rna_tokenizer()),
+        _multimolecule("rnabert", "RnaBert", "RnaBertConfig", _rna_tokenizer(), seed=1),
+        _multimolecule("splicebert", "SpliceBert", "SpliceBertConfig", _rna_tokenizer(), seed=2),
         # The ncRNA RNA-FM checkpoint (the mRNA one is codon=True).
-        _multimolecule("rnafm", "RnaFm", "RnaFmConfig", _rna_tokenizer(), vocab_size=28),
-        _multimolecule("rinalmo", "RiNALMo", "RiNALMoConfig", _rna_tokenizer()),
-        _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer()),
-        _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer()),
+        _multimolecule("rnafm", "RnaFm", "RnaFmConfig", _rna_tokenizer(), vocab_size=28, seed=3),
+        _multimolecule("rinalmo", "RiNALMo", "RiNALMoConfig", _rna_tokenizer(), seed=4),
+        _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5),
+        _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),
         # utrbert-3mer: overlapping 3-mers, so one nucleotide change moves three tokens.
-        _multimolecule("utrbert", "UtrBert", "UtrBertConfig", _rna_tokenizer(nmers=3), nmers=3),
-        _multimolecule("rnaernie", "RnaErnie", "RnaErnieConfig", _rna_tokenizer()),
+        _multimolecule("utrbert", "UtrBert", "UtrBertConfig", _rna_tokenizer(nmers=3), nmers=3, seed=7),
+        _multimolecule("rnaernie", "RnaErnie", "RnaErnieConfig", _rna_tokenizer(), seed=8),
         # Axial attention over an MSA; its layers have no ``output`` child: the control.
-        _multimolecule("rnamsm", "RnaMsm", "RnaMsmConfig", _rna_tokenizer(), has_output_child=False),
+        _multimolecule("rnamsm", "RnaMsm", "RnaMsmConfig", _rna_tokenizer(), has_output_child=False, seed=9),
         # Codon tokens over DNA; one codon substituted.
         _multimolecule("calm", "CaLm", "CaLmConfig", _dna_tokenizer(codon=True), text=CDS,
-                       substitution=CDS_SUBSTITUTION, unit=3),
+                       substitution=CDS_SUBSTITUTION, unit=3, seed=10),
         PanelModel("antiberty", lambda layers: None, "BertForMaskedLM", "AutoModelForMaskedLM", "fill-mask",
                    final_hidden="bert.encoder.layer.-1", first_layer="bert.encoder.layer.0", encoder=True,
                    tokenizer=_antiberty_tokenizer, text=HEAVY_CHAIN, substitution=HEAVY_SUBSTITUTION,

@@ -46,18 +46,20 @@ from .paths import cache_dir
 SCHEMA = "nnsight-repro/verify/2"
 
 #: The files whose behaviour the check routine is; their digest is recorded with every report.
-CHECK_ROUTINE_FILES = ("checks.py", "models.py", "lines.py")
+CHECK_ROUTINE_FILES = ("checks.py", "models.py", "panel_rna.py", "lines.py")
 
 
 # Before anything runs --------------------------------------------------------
 
 def selection(models: Optional[Sequence[str]] = None,
               checks: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
-    """The models and checks to run (default: all), refused by name before any environment is touched."""
+    """The models and checks to run (default: every model and every check), refused by name before any
+    environment is touched."""
     from . import checks as routine
 
-    chosen_models = [m for m in (models or []) if m] or list(routine.models.PANEL)
-    chosen_checks = [c for c in (checks or []) if c] or list(routine.CHECKS)
+    named = [n for m in (models or []) if m for n in (routine.PANEL_ALIASES[m]() if m in routine.PANEL_ALIASES else [m])]
+    chosen_models = named or list(routine.models.extended())
+    chosen_checks = [c for c in (checks or []) if c] or routine.CHECKS + routine.EXTRA_CHECKS
     try:
         routine.validate(chosen_models, chosen_checks)
     except ValueError as exc:
