@@ -13,11 +13,10 @@ is nnsight 0.7.0 as released, ``upstream-0.8`` is 0.8.1), from a script file:
 file. A different transformers comes from an overlay (``nnsight_repro.overlays``)
 put first on ``PYTHONPATH``; nothing else in the environment changes.
 
-Not reproduced here: multimolecule 0.2.2's ERNIE-RNA forward on transformers
-5.24 itself (multimolecule is not in any environment; it pulls in datasets,
-pandas and matplotlib and takes 10-14 s to import). What is reproduced is the
-transformers 5.24 change it trips on, with an output class shaped like
-``ErnieRnaModelOutputWithPastAndCrossAttentions``.
+multimolecule 0.2.2's ERNIE-RNA forward on transformers 5.24 runs for real
+(the panel's tiny ERNIE-RNA, in ``main``, which has multimolecule), next to
+the transformers 5.24 change it trips on, shown on a bare output class shaped
+like ``ErnieRnaModelOutputWithPastAndCrossAttentions``.
 """
 
 import json
@@ -153,6 +152,24 @@ except Exception as exc:
 print(json.dumps(record))
 """
 
+# multimolecule 0.2.2's ERNIE-RNA masked LM (the panel's tiny one), one forward.
+ERNIE_RNA_FORWARD = """
+import json, warnings
+warnings.simplefilter("ignore")
+from importlib.metadata import version
+import torch, transformers
+from nnsight_repro import models
+entry = models.get("ernierna")
+model, tokenizer = models.build_model(entry), models.tokenizer_for(entry)
+record = {"transformers": transformers.__version__, "multimolecule": version("multimolecule")}
+try:
+    with torch.no_grad():
+        record["logits"] = list(model(models.token_ids(tokenizer, entry.text)).logits.shape)
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(record))
+"""
+
 
 @dataclass(frozen=True)
 class Repro:
@@ -179,6 +196,8 @@ REPROS = {
     "session_070": Repro("main", SESSION_REMOTE_LOCAL),
     "session_070_fixed": Repro("main", SESSION_REMOTE_LOCAL, fix=EXTRAS_07),
     "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
+    "ernierna_tf524": Repro("main", ERNIE_RNA_FORWARD, overlay="transformers==5.24.0"),
+    "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
 }
 
 
@@ -291,6 +310,19 @@ def test_transformers_5222_accepts_past_key_values_on_an_output_class_that_decla
 
     assert transformers.__version__ == "5.22.2"
     assert EncoderOutputWithPast(last_hidden_state=torch.zeros(1), past_key_values=None).past_key_values is None
+
+
+def test_multimolecule_022_ernie_rna_forward_breaks_on_transformers_524(outcome):
+    record = outcome("ernierna_tf524")
+    assert record.get("transformers") == "5.24.0" and record.get("multimolecule") == "0.2.2", record
+    assert record.get("error") == ("TypeError: ErnieRnaModelOutputWithPastAndCrossAttentions.__init__() got an "
+                                   "unexpected keyword argument 'cache'"), record
+
+
+def test_multimolecule_022_ernie_rna_forward_runs_on_transformers_5222(outcome):
+    record = outcome("ernierna_tf5222")
+    assert record.get("transformers") == "5.22.2" and "error" not in record, record
+    assert record["logits"][0] == 1 and record["logits"][1] > 40, record  # 40 nt + special tokens
 
 
 # The fix series -------------------------------------------------------------------
