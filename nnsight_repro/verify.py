@@ -156,6 +156,24 @@ def records(env_names: List[str], models=None, checks=None) -> Dict[str, dict]:
         return {name: future.result() for name, future in futures.items()}
 
 
+def records_keeping_going(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:
+    """Like :func:`records`, but an environment whose routine fails is recorded as failing every check,
+    so the report of the others is still written; returns (records, {env: why it failed})."""
+    recs: Dict[str, dict] = {}
+    failed: Dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(record, name, models, checks) for name in env_names}
+        for name, future in futures.items():
+            try:
+                recs[name] = future.result()
+            except Exception as exc:
+                failed[name] = str(exc)
+                outcome = {"ok": False, "error": "EnvironmentFailed", "message": str(exc).splitlines()[0][:300]}
+                recs[name] = {"environment": {"env": name, "failed": str(exc)[-3000:]},
+                              "models": {m: {c: dict(outcome) for c in checks} for m in models}}
+    return recs, failed
+
+
 # The comparison --------------------------------------------------------------
 
 def compare(recs: Dict[str, dict]) -> dict:
@@ -303,7 +321,8 @@ def write(report: dict, out_dir: Path, stem: str) -> Path:
 def _md_with_provenance(report: dict) -> str:
     p, i = report["provenance"], report["inputs"]
     versions = ["| environment | nnsight | C extension | torch | transformers | python |", "|---|---|---|---|---|---|"]
-    versions += [f"| {e} | {v['nnsight']} | {'present' if v.get('nnsight_c_extension') else 'absent'} | "
+    versions += [f"| {e} | FAILED: the check routine did not run (see the JSON) | | | | |" if v.get("failed") else
+                 f"| {e} | {v['nnsight']} | {'present' if v.get('nnsight_c_extension') else 'absent'} | "
                  f"{v['torch']} | {v['transformers']} | {v['python']} |" for e, v in report["environments"].items()]
     details = "".join(f"- {k}: {json.dumps(v) if not isinstance(v, str) else v}\n" for k, v in p["details"].items())
     where = p["machine"]
@@ -330,7 +349,7 @@ def main(args) -> int:
     for name in [*names, "tools"]:
         envs.ensure(name)
     started = time.monotonic()
-    recs = records(names, models, checks)
+    recs, failed = records_keeping_going(names, models, checks)
     applied = next((s.series for s in specs if getattr(s, "series", None)), envs.spec("patched").series)
     details = {
         "nnsight_source": {s.name: f"nnsight-{s.nnsight}.tar.gz (sha256 {s.sdist_sha256})"
@@ -344,7 +363,10 @@ def main(args) -> int:
     path = write(rep, Path(args.out), stem)
     print(markdown(rep))
     print(f"wrote {path}, {path.with_suffix('.md')} and {len(plots_of(path))} plots beside them")
-    return 0
+    for name, why in failed.items():
+        print(f"error: the check routine failed in {name!r}; its checks are recorded as failed:\n{why}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def plots_of(report_json: Path) -> List[Path]:

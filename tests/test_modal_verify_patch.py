@@ -231,6 +231,25 @@ def test_local_verify_runs_every_model_and_check_and_each_outcome_is_the_predict
                 assert outcome["ok"] is checks.expected_ok(models.get(model), check, fixed), (model, check, per_env)
 
 
+def test_verify_still_writes_the_report_when_one_environment_fails(local_verify, monkeypatch, tmp_path):
+    def record(name, models_, checks_):
+        if name == "main":
+            raise RuntimeError("the check routine failed in 'main' (exit 1):\nImportError: boom")
+        return local_verify.report["raw"][name]
+
+    monkeypatch.setattr(verify, "record", record)
+    chosen = list(models.extended())
+    recs, failed = verify.records_keeping_going(["main", "patched"], chosen, checks.CHECKS + checks.EXTRA_CHECKS)
+    assert list(failed) == ["main"] and "ImportError: boom" in failed["main"]
+    assert recs["patched"] == local_verify.report["raw"]["patched"]
+    assert all(r == {"ok": False, "error": "EnvironmentFailed", "message": failed["main"].splitlines()[0]}
+               for per in recs["main"]["models"].values() for r in per.values())
+    rep = verify.report(recs, argv=["test"], runner="local", series_name=SERIES)
+    path = verify.write(rep, tmp_path, "local-one-failed")
+    assert "main | FAILED" in path.with_suffix(".md").read_text()
+    assert json.loads(path.read_text())["outcomes"]["bert-mlm"]["remote_local"]["patched"]["ok"]
+
+
 def test_local_verify_finds_every_number_identical_between_main_and_patched(local_verify):
     report = json.loads(local_verify.path.read_text())
     assert report["numbers_identical"], report["numbers"]
