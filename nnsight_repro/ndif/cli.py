@@ -54,6 +54,15 @@ def main(argv=None) -> int:
     stack_options(sub.add_parser("down", help="stop everything `up` started and delete the namespace"))
     s = stack_options(sub.add_parser("status", help="what runs, and each model's deployment level"))
     s.add_argument("--json", action="store_true")
+    sub.add_parser("negative-control", add_help=False,
+                   help="0.7 stack: stock and patched nnsight 0.7.0 on client and server, every pairing, "
+                        "-> results/ndif_0.7/negative_control.json")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "negative-control":
+        from . import negative_control
+
+        return negative_control.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
