@@ -76,7 +76,8 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
         result = run_pairings(cfg, say)
         result["timings"] = {**state["timings"],
                              "cold_start_to_first_trace_s": round(record["done_epoch"] - state["cold_start_epoch"], 2),
-                             "first_request_s (includes deploying GPT-2)": record["request_s"]}
+                             # The first request deploys GPT-2 (0.0.1 deploys on first request).
+                             "first_request_s": record["request_s"]}
         return result
     finally:
         process = first.get("process")
@@ -86,11 +87,22 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
         stack.down(cfg, say=say)
 
 
-def _env_versions(name: str) -> dict:
-    env = envs.ensure(name, build=False)
-    packages = dict(line.split("==", 1) for line in env.stamp.get("packages", []) if "==" in line)
-    return {"env": name, "nnsight": packages.get("nnsight"), "torch": packages.get("torch"),
-            "transformers": packages.get("transformers"),
+_VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
+             "names = ['nnsight', 'torch', 'transformers', 'ndif']\n"
+             "found = {}\n"
+             "for name in names:\n"
+             "    try: found[name] = m.version(name)\n"
+             "    except m.PackageNotFoundError: pass\n"
+             "found['nnsight_file'] = os.path.realpath(nnsight.__file__)\n"
+             "print(json.dumps(found))")
+
+
+def _versions(env: envs.Env) -> dict:
+    """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
+    result = env.run(["-c", _VERSIONS], timeout=300)
+    if result.returncode:
+        raise envs.EnvError(f"Could not read the versions in {env.name!r}: {result.stderr.strip()[-500:]}")
+    return {"env": env.name, **json.loads(result.stdout.strip().splitlines()[-1]),
             "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
 
 
@@ -131,22 +143,21 @@ def main(argv=None) -> int:
     except (stack.StackError, config.ConfigError, netns.NetnsError, envs.EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The server's nnsight as it imported it; a client's from its environment's stamp.
-    server_stamp = server_env.ensure(build=False, line="0.7").stamp
-    server_packages = dict(line.split("==", 1) for line in server_stamp["packages"] if "==" in line)
+    # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
+    server = server_env.ensure(build=False, line="0.7")
+    server_packages = _versions(server)
     report = {
         "command": " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
         "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
                  "python": sys.version.split()[0]},
-        "server": {"ndif": server_packages.get("ndif"), "env": server_stamp["name"],
-                   "env_digest": server_stamp["digest"], "ray": server_packages.get("ray"),
+        "server": {"ndif": server_packages.get("ndif"), "env": server.name, "env_digest": server.stamp["digest"],
                    "torch": server_packages.get("torch"), "transformers": server_packages.get("transformers"),
                    "nnsight": {server: results[server]["server_nnsight"] for server in results},
                    "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
                            "not the server production ran for nnsight 0.7.0"},
-        "clients": {name: _env_versions(name) for name in ("main", "patched")},
+        "clients": {name: _versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
         "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),
