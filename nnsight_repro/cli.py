@@ -101,8 +101,11 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(run=cmd_envs)
 
     n = sub.add_parser("ndif", add_help=False,
-                       help="a local NDIF server (ndif 0.1.2, for nnsight 0.8 clients): up | down | status")
-    n.add_argument("ndif_args", nargs=argparse.REMAINDER, help="up [--models a,b] | down | status [--json]")
+                       help="a local NDIF server (ndif 0.1.2 for nnsight 0.8 clients; --line 0.7: "
+                            "ndif 0.0.1 for nnsight 0.7.0): up | down | status")
+    n.add_argument("ndif_args", nargs=argparse.REMAINDER,
+                   help="up [--line 0.7 [--server stock|patched]] [--models a,b] | down [--line 0.7] | "
+                        "status [--line 0.7] [--json]")
     n.set_defaults(run=cmd_ndif)
 
     s = sub.add_parser("series", help="check that a patch series applies to its base")

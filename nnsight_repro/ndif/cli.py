@@ -1,4 +1,5 @@
-"""``nnsight-repro ndif up|down|status`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack`."""
+"""``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]]`` (also ``python3 -m
+nnsight_repro.ndif``): thin over :mod:`stack`. Without ``--line``, the 0.8 stack."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ def _print_status(report: dict) -> None:
         print(f"not running (namespace {report['netns']}); logs of the last run: {report['logs']}")
     else:
         state = report.get("state") or {}
-        print(f"running in namespace {report['netns']} since {state.get('started', '?')} "
-              f"(phase: {state.get('phase', '?')}); API {report['api_url']} inside it: {report.get('api')}")
+        flavour = f", {state['server']} nnsight on the server" if state.get("line") == "0.7" else ""
+        print(f"{report['line']} stack (ndif {state.get('ndif', '?')}{flavour}) running in namespace {report['netns']} "
+              f"since {state.get('started', '?')} (phase: {state.get('phase', '?')}); "
+              f"API {report['api_url']} inside it: {report.get('api')}")
         for name, info in (report.get("services") or {}).items():
             print(f"  {name:6} pid {info['pid']:<8} {'alive' if info['alive'] else 'DEAD':6} {info['log']}")
         for name, level in (report.get("models") or {}).items():
@@ -31,26 +34,52 @@ def _print_status(report: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif",
-                                     description="A local NDIF server (ndif 0.1.2, serving nnsight 0.8 clients) "
-                                                 "in a private network namespace, with the project's tiny models.")
+                                     description="A local NDIF server in a private network namespace, with the "
+                                                 "project's tiny models: ndif 0.1.2 serving nnsight 0.8 clients "
+                                                 "(default), or with --line 0.7 ndif 0.0.1 plus backports serving "
+                                                 "nnsight 0.7.0 clients.")
     sub = parser.add_subparsers(dest="action", required=True)
-    u = sub.add_parser("up", help="start the stack, deploy the models, wait until they are HOT")
-    u.add_argument("--models", default=",".join(deploy.SERVED),
-                   help=f"comma-separated panel models to deploy (default: {','.join(deploy.SERVED)}; '' for none)")
-    sub.add_parser("down", help="stop everything `up` started and delete the namespace")
-    s = sub.add_parser("status", help="what runs, and each model's deployment level")
+
+    def stack_options(command):
+        command.add_argument("--line", default="0.8", choices=sorted(config.GENERATIONS),
+                             help="the nnsight line the stack serves (default 0.8)")
+        return command
+
+    u = stack_options(sub.add_parser("up", help="start the stack, deploy the models, wait until they are HOT"))
+    u.add_argument("--models", default=None,
+                   help=f"0.8 stack: comma-separated panel models to deploy (default: {','.join(deploy.SERVED)}; "
+                        f"'' for none). The 0.7 stack deploys each model on its first request.")
+    u.add_argument("--server", default="stock", choices=["stock", "patched"],
+                   help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
+    stack_options(sub.add_parser("down", help="stop everything `up` started and delete the namespace"))
+    s = stack_options(sub.add_parser("status", help="what runs, and each model's deployment level"))
     s.add_argument("--json", action="store_true")
+    sub.add_parser("negative-control", add_help=False,
+                   help="0.7 stack: stock and patched nnsight 0.7.0 on client and server, every pairing, "
+                        "-> results/ndif_0.7/negative_control.json")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "negative-control":
+        from . import negative_control
+
+        return negative_control.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
-            state = stack.up(models=[m for m in args.models.split(",") if m])
+            if args.line == "0.8" and args.server != "stock":
+                parser.error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
+            if args.line == "0.7" and args.models:
+                parser.error("the 0.7 stack deploys each model on its first request; it takes no --models")
+            cfg = config.default(line=args.line, server=args.server)
+            models = None if args.models is None else [m for m in args.models.split(",") if m]
+            state = stack.up(cfg, models=models)
             print(f"up: API {state['api_url']} in namespace {state['netns']}; run clients with "
                   f"`ip netns exec {state['netns']} ...` and NDIF_HOST={state['api_url']}")
             print("timings: " + ", ".join(f"{k} {v}" for k, v in state["timings"].items()))
         elif args.action == "down":
-            stack.down()
+            stack.down(config.default(line=args.line))
         else:
-            report = stack.status()
+            report = stack.status(config.default(line=args.line))
             if args.json:
                 print(json.dumps(report, indent=1))
             else:

@@ -1,13 +1,21 @@
 """Where a local NDIF stack lives and what every one of its processes is told.
 
-One stack per project cache (``NNSIGHT_REPRO_CACHE``): its folder is ``<cache>/ndif`` and its
-namespace name carries a digest of that folder, so two checkouts with separate caches can each run a
-stack (each in its own namespace, so even the same ports do not collide), while a second ``up`` on the
-same cache finds the first.
+Two stack generations, one per nnsight line a client speaks (:data:`GENERATIONS`):
 
-The environment is ndif's own settings (``NDIF_*``, read by its services and CLI), set to loopback
-addresses, plus the few adaptations that let it run on a CPU-only, offline machine; what each
-adaptation bridges is documented in :mod:`nnsight_repro.ndif.adaptations_0_1_2`.
+- ``0.8``: PyPI ``ndif`` 0.1.2, serving nnsight 0.8 clients (the default);
+- ``0.7``: PyPI ``ndif`` 0.0.1 plus backports, serving nnsight 0.7.0 clients, with the server's
+  nnsight either stock 0.7.0 or the project's ``patched`` build (``server``).
+
+One stack per generation per project cache (``NNSIGHT_REPRO_CACHE``): its folder is ``<cache>/ndif``
+(0.8) or ``<cache>/ndif-0.7``, and its namespace name carries the generation and a digest of that
+folder, so both generations can run at once, two checkouts with separate caches can each run theirs
+(each in its own namespace, so even the same ports do not collide), and a second ``up`` of the same
+stack finds the first.
+
+The environment is ndif's own settings (``NDIF_*`` for 0.1.2; ``BROKER_URL``, ``OBJECT_STORE_URL``,
+``RAY_*`` ports ... for 0.0.1, read by its start scripts and services), set to loopback addresses, plus
+the adaptations that let it run on a CPU-only, offline machine; what each adaptation bridges is
+documented in its generation's adaptations module (:data:`Generation.adaptations`).
 
 Stdlib only.
 """
@@ -24,6 +32,10 @@ from typing import Dict, Optional
 from .. import ROOT
 from ..paths import cache_dir
 
+class ConfigError(Exception):
+    """The stack's settings contradict each other; the message names the setting."""
+
+
 ADAPTATIONS = "nnsight_repro.ndif.adaptations_0_1_2"
 
 #: Ports Ray takes inside the namespace whatever we configure (ndif's start script fixes them):
@@ -31,9 +43,58 @@ ADAPTATIONS = "nnsight_repro.ndif.adaptations_0_1_2"
 RAY_PORTS = {6385: "ray gcs", 8076: "ray object manager", 10001: "ray client server", 8265: "ray dashboard",
              52366: "ray dashboard agent (grpc)", 52365: "ray dashboard agent (http)", 8080: "ray metrics"}
 
+#: The same for ndif 0.0.1: its ray/start.sh takes them from the variables its CLI would set
+#: (:func:`StackConfig.environ` sets the CLI's defaults), and Ray's client server and agent HTTP port
+#: keep Ray's defaults.
+RAY_PORTS_0_0_1 = {6380: "ray gcs", 8076: "ray object manager", 10001: "ray client server", 8265: "ray dashboard",
+                   8268: "ray dashboard agent (grpc)", 52365: "ray dashboard agent (http)", 8267: "ray metrics"}
 
-class ConfigError(Exception):
-    """The stack's settings contradict each other; the message names the setting."""
+
+@dataclass(frozen=True)
+class Generation:
+    """One NDIF server generation: what it serves and what it runs in."""
+
+    #: The nnsight line its clients speak (a key of :data:`nnsight_repro.lines.LINES`).
+    line: str
+    ndif: str
+    #: The cached server environment (:mod:`nnsight_repro.ndif.server_env`).
+    server_env: str
+    #: The only project code that runs inside the server.
+    adaptations: str
+    #: Client environments that may run against it (the first is the default).
+    clients: tuple
+    #: Stack folder under the cache, and the namespace name's prefix.
+    folder_name: str
+    netns_prefix: str
+    ray_ports: Dict[int, str]
+    #: Fake GPUs advertised by default, and the fewest that work.
+    gpus: int
+    min_gpus: int
+    #: nnsight flavours the server can run (0.0.1: the project's ``patched`` build too).
+    servers: tuple = ("stock",)
+
+
+GENERATIONS: Dict[str, Generation] = {
+    g.line: g for g in [
+        Generation("0.8", ndif="0.1.2", server_env="ndif-server", adaptations=ADAPTATIONS,
+                   clients=("upstream-0.8",), folder_name="ndif", netns_prefix="nnsr-ndif-",
+                   ray_ports=RAY_PORTS, gpus=1, min_gpus=1),
+        # 0.0.1 gives every deployment a GPU of its own; with fewer than four, a second model hot-swaps
+        # the first to "cache" and the next request for the first fails ("Failed to look up actor").
+        # One session of the negative control deploys up to four keys, so eight leave room.
+        Generation("0.7", ndif="0.0.1", server_env="ndif-server-0.7", adaptations="nnsight_repro.ndif.adaptations_0_0_1",
+                   clients=("main", "patched"), folder_name="ndif-0.7", netns_prefix="nnsr-ndif07-",
+                   ray_ports=RAY_PORTS_0_0_1, gpus=8, min_gpus=4, servers=("stock", "patched")),
+    ]
+}
+
+
+def generation(line: str) -> Generation:
+    try:
+        return GENERATIONS[line]
+    except KeyError:
+        raise ConfigError(f"No local NDIF stack serves nnsight line {line!r}; "
+                          f"lines with one: {', '.join(GENERATIONS)}.") from None
 
 
 @dataclass(frozen=True)
@@ -48,13 +109,20 @@ class StackConfig:
     start_timeout: float = 180.0
     deploy_timeout: float = 300.0
     extra_env: Dict[str, str] = field(default_factory=dict)
+    #: Which generation (by the nnsight line it serves), and for 0.7 which nnsight the server runs.
+    line: str = "0.8"
+    server: str = "stock"
+
+    @property
+    def generation(self) -> Generation:
+        return generation(self.line)
 
     # Folders ---------------------------------------------------------------
 
     @property
     def netns(self) -> str:
         # Namespace names are file names under /var/run/netns; keep them short and stable.
-        return "nnsr-ndif-" + hashlib.sha256(str(self.folder).encode()).hexdigest()[:8]
+        return self.generation.netns_prefix + hashlib.sha256(str(self.folder).encode()).hexdigest()[:8]
 
     @property
     def logs(self) -> Path:
@@ -81,32 +149,54 @@ class StackConfig:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
+    @property
+    def python_path_dir(self) -> Path:
+        """0.0.1 only: first on every server process's path: the generated ``sitecustomize.py`` that
+        loads the adaptations, and for ``server="patched"`` the patched build's nnsight."""
+        return self.folder / "pythonpath"
+
+    @property
+    def built_log(self) -> Path:
+        """0.0.1 only: one JSON line per model a model actor built (key, wrapper, class, nnsight)."""
+        return self.logs / "built.jsonl"
+
     # Checks ------------------------------------------------------------------
 
     def validate(self) -> None:
         """Every port distinct and none of Ray's: otherwise a service would find its port taken."""
+        gen = self.generation
+        if self.server not in gen.servers:
+            raise ConfigError(f"server {self.server!r} is not a flavour of the {gen.line} stack; "
+                              f"it has: {', '.join(gen.servers)}.")
         ours = {"redis": self.redis_port, "s3": self.s3_port, "api": self.api_port}
         seen: Dict[int, str] = {}
         for service, port in ours.items():
             if not 1 <= port <= 65535:
                 raise ConfigError(f"{service} port {port} is not a TCP port.")
-            if port in RAY_PORTS:
+            if port in gen.ray_ports:
                 raise ConfigError(f"{service} port {port} is already taken inside the stack by "
-                                  f"{RAY_PORTS[port]} (ndif's Ray start script fixes it); choose another.")
+                                  f"{gen.ray_ports[port]} (ndif's Ray start script fixes it); choose another.")
             if port in seen:
                 raise ConfigError(f"port {port} is configured for both {seen[port]} and {service}; "
                                   f"each service needs its own.")
             seen[port] = service
-        if self.gpus < 1:
-            raise ConfigError("gpus must be at least 1: ndif's controller places models only on GPU nodes.")
+        if self.gpus < gen.min_gpus:
+            raise ConfigError(f"gpus must be at least {gen.min_gpus} for the {gen.line} stack: ndif's controller "
+                              f"places models only on GPU nodes"
+                              + (", one per deployment (fewer hot-swap each other out)." if gen.min_gpus > 1 else "."))
         if len(str(self.ray_temp)) > 60:
             raise ConfigError(f"the stack folder {self.folder} is too long a path for Ray's Unix sockets "
                               f"(its temp dir must stay under 60 characters); set NNSIGHT_REPRO_CACHE shorter.")
 
     # The environment ---------------------------------------------------------
 
-    def environ(self, venv_bin: Path) -> Dict[str, str]:
-        """What every server process gets: ndif's settings on loopback, offline, with our adaptations."""
+    def environ(self, venv_bin: Path, role: str = "") -> Dict[str, str]:
+        """What every server process gets: ndif's settings on loopback, offline, with our adaptations.
+
+        ``role`` (0.0.1 only) is ``"ray"`` or ``"api"``: the two halves import different ``src`` packages.
+        """
+        if self.line == "0.7":
+            return self._environ_0_0_1(venv_bin, role)
         base = {k: v for k, v in os.environ.items()
                 if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS"}
                 and not k.startswith(("NDIF_", "RAY_", "GUNICORN_"))}
@@ -148,9 +238,79 @@ class StackConfig:
         env.update(self.extra_env)
         return env
 
+    def _environ_0_0_1(self, venv_bin: Path, role: str) -> Dict[str, str]:
+        """ndif 0.0.1's settings: what its CLI would hand its start scripts, pointed at loopback."""
+        if role not in ("ray", "api"):
+            raise ConfigError(f"role must be 'ray' or 'api' for the 0.0.1 stack, not {role!r}.")
+        site = service_root(venv_bin)
+        base = {k: v for k, v in os.environ.items()
+                if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "API_URL", "BROKER_URL"}
+                and not k.startswith(("NDIF_", "RAY_", "GUNICORN_", "OBJECT_STORE_", "COORDINATOR_"))}
+        # The generated sitecustomize (and the patched nnsight) first; the project, so it imports the
+        # adaptations; for the Ray half, ndif's ray service folder, so Ray workers import its `src`
+        # (the API half gets its own `src` from gunicorn's working directory).
+        path = [str(self.python_path_dir), str(ROOT)] + ([str(site / "ray")] if role == "ray" else [])
+        env = {
+            **base,
+            "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
+            "PYTHONPATH": os.pathsep.join(path),
+            "HOME": str(self.home),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HOME": str(self.folder / "hf_home"),
+            # What `ndif start api` sets (DEV_MODE: no API keys, no version checks, no Postgres).
+            "BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/",
+            "OBJECT_STORE_URL": f"http://127.0.0.1:{self.s3_port}",
+            "OBJECT_STORE_ACCESS_KEY": "testing",
+            "OBJECT_STORE_SECRET_KEY": "testing",
+            "API_URL": self.api_url,
+            "API_INTERNAL_PORT": str(self.api_port),
+            "WORKERS": "1",
+            "DEV_MODE": "true",
+            # What `ndif start ray` sets; the dashboard on loopback instead of its 0.0.0.0.
+            "RAY_HEAD_INTERNAL_PORT": "6380",
+            "OBJECT_MANAGER_PORT": "8076",
+            "RAY_DASHBOARD_HOST": "127.0.0.1",
+            "RAY_DASHBOARD_INTERNAL_PORT": "8265",
+            "RAY_DASHBOARD_GRPC_PORT": "8268",
+            "RAY_SERVE_INTERNAL_PORT": "8267",
+            "NDIF_CONTROLLER_IMPORT_PATH": self.generation.adaptations,
+            "NDIF_MINIMUM_DEPLOYMENT_TIME_SECONDS": "0",
+            "RAY_METRICS_GAUGE_EXPORT_INTERVAL_MS": "1000",
+            "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "10",
+            # The Ray session (and its Unix sockets) in the stack folder, not /tmp/ray.
+            "RAY_TMPDIR": str(self.ray_temp),
+            # /status is served from a Redis cache; the default 120 s would hide a fresh deploy.
+            "COORDINATOR_STATUS_CACHE_FREQ_S": "2",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            # Adaptations (each explained in the adaptations module): fake GPUs, and where the CPU
+            # model actor records what it built.
+            "RAY_OVERRIDE_RESOURCES": json.dumps(
+                {"GPU": self.gpus, "CPU": 16, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
+            "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
+        }
+        if role == "api":
+            env["RAY_ADDRESS"] = "ray://127.0.0.1:10001"
+        env.update(self.extra_env)
+        return env
 
-def default(folder: Optional[Path] = None, **overrides) -> StackConfig:
-    """The project's stack: ``<cache>/ndif``, ports overridable through ``NNSIGHT_REPRO_NDIF_*_PORT``."""
+
+def service_root(venv_bin: Path) -> Path:
+    """ndif 0.0.1's ``site-packages/src/services`` (its wheel installs a top-level ``src``)."""
+    lib = Path(venv_bin).parent / "lib"
+    for site in sorted(lib.glob("python3*/site-packages")):
+        return site / "src" / "services"
+    return lib / "python3" / "site-packages" / "src" / "services"
+
+
+def default(folder: Optional[Path] = None, line: str = "0.8", **overrides) -> StackConfig:
+    """The project's stack of ``line``: ``<cache>/ndif`` (0.8) or ``<cache>/ndif-0.7``, ports overridable
+    through ``NNSIGHT_REPRO_NDIF_*_PORT``."""
+    gen = generation(line)
+    overrides.setdefault("gpus", gen.gpus)
     for service in ("redis", "s3", "api"):
         value = os.environ.get(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT")
         if value and f"{service}_port" not in overrides:
@@ -158,4 +318,4 @@ def default(folder: Optional[Path] = None, **overrides) -> StackConfig:
                 overrides[f"{service}_port"] = int(value)
             except ValueError:
                 raise ConfigError(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT={value!r} is not a port number.") from None
-    return StackConfig(folder=folder or cache_dir() / "ndif", **overrides)
+    return StackConfig(folder=folder or cache_dir() / gen.folder_name, line=line, **overrides)

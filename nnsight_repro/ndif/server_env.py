@@ -1,8 +1,10 @@
-"""The environment a local NDIF 0.1.2 server runs in: a cached venv, plus Debian's ``redis-server``.
+"""The environments a local NDIF server runs in: a cached venv per generation, plus Debian's ``redis-server``.
 
-Same contract as :mod:`nnsight_repro.envs` (and built with its lock, stamp and sdist helpers): a venv
-under ``<cache>/envs/ndif-server`` with ``env.json`` written last, carrying a digest of every input. A
-directory without a stamp, or with another digest, is rebuilt; a half-built one is never used.
+Two generations (:data:`SERVERS`): ``ndif-server`` (ndif 0.1.2 + nnsight 0.8.1, for the 0.8 line) and
+``ndif-server-0.7`` (ndif 0.0.1 + stock nnsight 0.7.0, for the 0.7 line). Same contract as
+:mod:`nnsight_repro.envs` (and built with its lock, stamp and sdist helpers): a venv under
+``<cache>/envs/<name>`` with ``env.json`` written last, carrying a digest of every input. A directory
+without a stamp, or with another digest, is rebuilt; a half-built one is never used.
 
 How it is built, and why in this order:
 
@@ -14,6 +16,13 @@ How it is built, and why in this order:
    sdists that really need 3.12 (numpy's). The wheel is checked against a pinned hash.
 4. nnsight 0.8.1 from the same hash-pinned sdist the ``upstream-0.8`` client is built from, so server and
    client run the same nnsight.
+
+The 0.7 server is built by the same steps: ``pins/ndif-server-0.7.txt``, ``ndif==0.0.1`` (same flags, same
+reasons, its wheel hash-pinned), and stock nnsight 0.7.0 from the sdist the ``main`` client is built
+from. The patched server flavour installs nothing more: the stack puts the ``patched`` environment's own
+nnsight build first on the server's path (:mod:`nnsight_repro.ndif.stack`), so it runs exactly that build.
+Regenerating its pins: as below, with ``ndif==0.0.1``'s declared and undeclared dependencies (see the pins
+file's header) and ``line-0.7.txt`` (less its socket.io pins, which ndif 0.0.1 fixes lower) as constraints.
 
 Regenerating the pins: make a scratch venv, do step 1, then
 ``pip install -c nnsight_repro/pins/line-0.8.txt pydantic redis click python-dotenv pyyaml boto3 fastapi
@@ -31,18 +40,43 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 from .. import envs
 
-NAME = "ndif-server"
-NDIF_VERSION = "0.1.2"
-NDIF_WHEEL = f"ndif-{NDIF_VERSION}-py3-none-any.whl"
-NDIF_WHEEL_SHA256 = "714cc79f252ebacd5ecf014baaf69eaa6d366c62d9c28b61eda7fa6ccd02d0e6"
-#: The client environment whose nnsight sdist the server installs too.
-CLIENT_ENV = "upstream-0.8"
-PINS = envs.PINS / "ndif-server.txt"
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    ndif: str
+    wheel_sha256: str
+    #: The client environment whose nnsight sdist the server installs too.
+    client_env: str
+    pins: str
+    #: What the built environment must import (0.0.1 installs top-level ``cli`` and ``src``, no ``ndif``).
+    imports: str
+
+    @property
+    def wheel(self) -> str:
+        return f"ndif-{self.ndif}-py3-none-any.whl"
+
+
+SERVERS: Dict[str, ServerSpec] = {
+    "0.8": ServerSpec("ndif-server", "0.1.2", "714cc79f252ebacd5ecf014baaf69eaa6d366c62d9c28b61eda7fa6ccd02d0e6",
+                      "upstream-0.8", "ndif-server.txt", "ndif, nnsight, ray, moto, gunicorn"),
+    "0.7": ServerSpec("ndif-server-0.7", "0.0.1", "490dec98795eac11173325ea066615b46ee5b782106d31ba54c7fd7f016b1eb4",
+                      "main", "ndif-server-0.7.txt", "cli, nnsight, ray, moto, gunicorn, fastapi_socketio, redis"),
+}
+
+# The 0.8 server's names, as other modules know them.
+NAME = SERVERS["0.8"].name
+NDIF_VERSION = SERVERS["0.8"].ndif
+NDIF_WHEEL = SERVERS["0.8"].wheel
+NDIF_WHEEL_SHA256 = SERVERS["0.8"].wheel_sha256
+CLIENT_ENV = SERVERS["0.8"].client_env
+PINS = envs.PINS / SERVERS["0.8"].pins
 #: Bump when the build steps change, so existing server environments are rebuilt.
 RECIPE = 1
 
@@ -51,63 +85,80 @@ def log(message: str) -> None:
     print(f"[ndif-env] {message}", file=sys.stderr, flush=True)
 
 
-def ndif_wheel() -> Path:
+def server_spec(line: str = "0.8") -> ServerSpec:
+    try:
+        return SERVERS[line]
+    except KeyError:
+        raise envs.EnvError(f"No NDIF server environment for nnsight line {line!r}; lines: {', '.join(SERVERS)}.") from None
+
+
+def ndif_wheel(line: str = "0.8") -> Path:
     """The ndif wheel, downloaded once into the cache and checked against its pinned hash."""
-    return envs.download(NDIF_WHEEL, NDIF_WHEEL_SHA256, ["--ignore-requires-python", f"ndif=={NDIF_VERSION}"])
+    spec = server_spec(line)
+    return envs.download(spec.wheel, spec.wheel_sha256, ["--ignore-requires-python", f"ndif=={spec.ndif}"])
 
 
-def inputs() -> dict:
-    client = envs.spec(CLIENT_ENV)
+def inputs(line: str = "0.8") -> dict:
+    spec = server_spec(line)
+    client = envs.spec(spec.client_env)
+    # The 0.8 server's inputs are exactly what they were before the 0.7 generation existed, so its
+    # cached environment keeps its digest.
     return {
         "recipe": RECIPE,
-        "ndif": NDIF_VERSION,
-        "ndif_wheel_sha256": NDIF_WHEEL_SHA256,
+        "ndif": spec.ndif,
+        "ndif_wheel_sha256": spec.wheel_sha256,
         "nnsight": client.nnsight,
         "nnsight_sdist_sha256": client.sdist_sha256,
-        "pins_sha256": hashlib.sha256(PINS.read_bytes()).hexdigest(),
+        "pins_sha256": hashlib.sha256((envs.PINS / spec.pins).read_bytes()).hexdigest(),
         "python": sys.version.split()[0],
         "python_home": sys.base_prefix,
     }
 
 
-def path() -> Path:
-    return envs.env_dir(NAME)
+def path(line: str = "0.8") -> Path:
+    return envs.env_dir(server_spec(line).name)
 
 
-def ensure(build: bool = True) -> envs.Env:
-    """The server environment, built if missing, half-built or built from other inputs."""
-    return envs.cached(NAME, path(), inputs, _build, build=build, how_to_build="python3 -m nnsight_repro ndif up")
+def ensure(build: bool = True, line: str = "0.8") -> envs.Env:
+    """The server environment of ``line``, built if missing, half-built or built from other inputs."""
+    spec = server_spec(line)
+    how = "python3 -m nnsight_repro ndif up" + ("" if line == "0.8" else f" --line {line}")
+    return envs.cached(spec.name, path(line), lambda: inputs(line),
+                       lambda where, wanted, digest: _build(spec, where, wanted, digest),
+                       build=build, how_to_build=how)
 
 
-def _build(where: Path, wanted: dict, digest: str) -> None:
-    step = envs.stepper(NAME, where / "build.log")
-    client = envs.spec(CLIENT_ENV)
-    wheel = ndif_wheel()
+def _build(spec: ServerSpec, where: Path, wanted: dict, digest: str) -> None:
+    step = envs.stepper(spec.name, where / "build.log")
+    client = envs.spec(spec.client_env)
+    pins = envs.PINS / spec.pins
+    wheel = envs.download(spec.wheel, spec.wheel_sha256, ["--ignore-requires-python", f"ndif=={spec.ndif}"])
     nnsight_sdist = envs.sdist(client.nnsight, client.sdist_sha256)
     venv = where / "venv"
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
-    torch_pin = next(line for line in PINS.read_text().splitlines() if line.startswith("torch=="))
+    torch_pin = next(line for line in pins.read_text().splitlines() if line.startswith("torch=="))
     step("installing torch", [*pip, "install", "--quiet", torch_pin])
-    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(PINS)])
-    step(f"installing ndif {NDIF_VERSION}",
+    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(pins)])
+    step(f"installing ndif {spec.ndif}",
          [*pip, "install", "--quiet", "--no-deps", "--ignore-requires-python", str(wheel)])
     step(f"installing nnsight {client.nnsight}", [*pip, "install", "--quiet", "--no-deps", str(nnsight_sdist)])
     installed = step("checking the install", [python, "-c", (
-        "import importlib.metadata as m, ndif, nnsight, ray, moto, gunicorn\n"
+        f"import importlib.metadata as m, {spec.imports}\n"
         "print(m.version('ndif'), m.version('nnsight'))")]).split()
-    if installed != [NDIF_VERSION, client.nnsight]:
-        raise envs.EnvError(f"Building {NAME!r}: installed ndif/nnsight report {installed}, "
-                            f"expected {[NDIF_VERSION, client.nnsight]}.")
+    if installed != [spec.ndif, client.nnsight]:
+        raise envs.EnvError(f"Building {spec.name!r}: installed ndif/nnsight report {installed}, "
+                            f"expected {[spec.ndif, client.nnsight]}.")
     freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    envs.write_stamp(where, NAME, digest, wanted, freeze)
+    envs.write_stamp(where, spec.name, digest, wanted, freeze)
 
 
-def status() -> dict:
-    where = path()
-    return {"name": NAME, "state": envs.state(NAME, where, envs.digest_of(inputs())), "path": str(where),
-            "ndif": NDIF_VERSION}
+def status(line: str = "0.8") -> dict:
+    spec = server_spec(line)
+    where = path(line)
+    return {"name": spec.name, "state": envs.state(spec.name, where, envs.digest_of(inputs(line))),
+            "path": str(where), "ndif": spec.ndif}
 
 
 # System packages ------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""A local NDIF 0.1.2 stack: ``up``, ``down``, ``status``, and running a client against it.
+"""A local NDIF stack: ``up``, ``down``, ``status``, and running a client against it.
+
+Two generations (:mod:`config`): ndif 0.1.2 for nnsight 0.8 clients (the default, described first),
+and ndif 0.0.1 for nnsight 0.7.0 clients (``line="0.7"``, described at the end).
 
 ``up`` brings the whole stack up from nothing (building its environment if needed) inside a private
 network namespace: Redis (queue, small results), moto as the S3 store (large results), ndif's Ray head
@@ -15,8 +18,18 @@ also after a failed or half-finished ``up``, and ``up`` calls it itself when it 
 
 Logs stay in ``<cache>/ndif/logs`` until the next ``up`` (Ray's own are under ``<cache>/ndif/ray``).
 
+The 0.7 generation differs in what runs, not in how: Redis and moto as above; ndif 0.0.1's own
+``ray/start.sh`` (Ray head, then the controller, which is :mod:`adaptations_0_0_1`) and ``api/start.sh``
+(gunicorn and its queue dispatcher), run directly with the environment ndif's CLI would give them. Every
+server process first imports a generated ``sitecustomize.py`` that loads the adaptations; for the
+``patched`` server flavour the ``patched`` environment's own nnsight build is linked in front of the
+server's stock one. No model is deployed at start: 0.0.1 deploys a model on its first request, under
+whatever key the client sends (which is what the negative control is about), and each model actor
+records what it built in ``logs/built.jsonl``.
+
 Stdlib only: this runs in the test process (a 0.7 client) and in the CLI; server code runs in the server
-environment, client code in the ``upstream-0.8`` environment, both as subprocesses in the namespace.
+environment, client code in a client environment (``upstream-0.8``; ``main`` or ``patched`` for the 0.7
+stack), both as subprocesses in the namespace.
 """
 
 from __future__ import annotations
@@ -125,15 +138,18 @@ def _log_tail(path: Path, lines: int = 12) -> str:
 # The services ----------------------------------------------------------------------------------------
 
 class Service:
-    def __init__(self, name: str, argv: List[str], port: Optional[int], log: Path):
+    def __init__(self, name: str, argv: List[str], port: Optional[int], log: Path,
+                 cwd: Optional[Path] = None, role: str = ""):
         self.name, self.argv, self.port, self.log = name, argv, port, log
+        #: Where it runs (default: the stack folder), and its part of the server (0.0.1: "ray" or "api").
+        self.cwd, self.role = cwd, role
         self.process: Optional[subprocess.Popen] = None
 
     def start(self, cfg: configuration.StackConfig, env: Dict[str, str]) -> None:
         with open(self.log, "ab") as log:
             # start_new_session: a Ctrl-C in the terminal that ran `up` must not reach the stack;
             # `down` stops it.
-            self.process = subprocess.Popen(netns.command(cfg.netns, self.argv), env=env, cwd=cfg.folder,
+            self.process = subprocess.Popen(netns.command(cfg.netns, self.argv), env=env, cwd=self.cwd or cfg.folder,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
 
@@ -151,17 +167,65 @@ class Service:
 def _services(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
     redis = server_env.redis_server()
     bin_ = env.path / "venv" / "bin"
-    return [
+    stores = [
         Service("redis", [redis, "--bind", "127.0.0.1", "--port", str(cfg.redis_port), "--save", "",
                           "--appendonly", "no", "--daemonize", "no", "--dir", str(cfg.home)],
                 cfg.redis_port, cfg.logs / "redis.log"),
         Service("s3", [str(bin_ / "moto_server"), "-H", "127.0.0.1", "-p", str(cfg.s3_port)],
                 cfg.s3_port, cfg.logs / "s3.log"),
+    ]
+    if cfg.line == "0.7":
+        # ndif 0.0.1's start scripts, from their own folders (they run `python -m src...` and gunicorn
+        # with `src/gunicorn.conf.py` relative to it), not through its CLI: the CLI only sets their
+        # environment (config.environ sets the same), and on Ctrl-C it runs `ray stop`, which stops
+        # every Ray process on the host.
+        services = configuration.service_root(bin_)
+        return stores + [
+            Service("ray", ["bash", str(services / "ray" / "start.sh")], 6380, cfg.logs / "ray.log",
+                    cwd=services / "ray", role="ray"),
+            Service("api", ["bash", str(services / "api" / "start.sh")], cfg.api_port, cfg.logs / "api.log",
+                    cwd=services / "api", role="api"),
+        ]
+    return stores + [
         # ndif's own launchers, in the foreground: `ndif start -f ray` runs ndif's Ray start script (Ray
         # head + the controller), `ndif start -f api` runs gunicorn with ndif's config.
         Service("ray", [str(bin_ / "ndif"), "start", "--foreground", "ray"], 6385, cfg.logs / "ray.log"),
         Service("api", [str(bin_ / "ndif"), "start", "--foreground", "api"], cfg.api_port, cfg.logs / "api.log"),
     ]
+
+
+def _prepare_python_path(cfg: configuration.StackConfig, env: envs.Env) -> dict:
+    """0.0.1: the folder first on every server process's path: the generated ``sitecustomize.py`` and,
+    for the patched flavour, links to the ``patched`` environment's installed nnsight (package and
+    metadata), so the server imports exactly that build; what it imports is checked, not assumed."""
+    folder = cfg.python_path_dir
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    module = cfg.generation.adaptations
+    (folder / "sitecustomize.py").write_text(
+        "# Generated by nnsight_repro.ndif.stack: loads the ndif 0.0.1 adaptations in every server process.\n"
+        f"import {module} as _adaptations\n"
+        "_adaptations.install()\n")
+    expected = env.path
+    if cfg.server == "patched":
+        patched = envs.ensure("patched")
+        site = next((patched.path / "venv" / "lib").glob("python3*/site-packages"))
+        links = [site / "nnsight", *site.glob("nnsight-*.dist-info")]
+        for target in links:
+            os.symlink(target, folder / target.name)
+        expected = patched.path
+    code = ("import importlib.metadata as m, os, sys, nnsight, json\n"
+            "print(json.dumps({'nnsight': m.version('nnsight'), 'file': os.path.realpath(nnsight.__file__),"
+            " 'adaptations': any(type(f).__name__ == '_AdaptingFinder' for f in sys.meta_path)}))")
+    result = subprocess.run([str(env.python), "-c", code], env=cfg.environ(env.path / "venv" / "bin", role="ray"),
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode:
+        raise StackError(f"The {cfg.server} server's Python cannot import nnsight: {result.stderr.strip()[-800:]}")
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    if not found["file"].startswith(str(expected) + os.sep) or not found["adaptations"]:
+        raise StackError(f"The {cfg.server} server would import nnsight from {found['file']} (expected under "
+                         f"{expected}), adaptations loaded: {found['adaptations']}.")
+    return found
 
 
 def ensure_ports_free(cfg: configuration.StackConfig, services: List[Service]) -> None:
@@ -201,6 +265,12 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     whose Python is already running.
     """
     cfg = cfg or configuration.default()
+    if cfg.line == "0.7":
+        # 0.0.1 deploys on first request, under the key the client sends; nothing to deploy up front.
+        if models:
+            raise StackError("The 0.7 stack deploys each model on its first request (under the key the client "
+                             "sends); it takes no --models.")
+        models = []
     models = deploy.SERVED if models is None else models
     cfg.validate()
     unknown = [name for name in models if name not in panel.PANEL]
@@ -218,9 +288,10 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             cfg.state_file.unlink()
         t0 = time.monotonic()
         timings = {}
-        env = server_env.ensure()
+        env = server_env.ensure(line=cfg.line)
         server_env.redis_server()
-        envs.ensure(deploy.CLIENT_ENV)
+        for client in cfg.generation.clients:
+            envs.ensure(client)
         timings["environments_s"] = round(time.monotonic() - t0, 2)
         # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
         # minted once and remembered, so a warm `up` starts no client.
@@ -235,7 +306,12 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
                  "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
-                 "logs": str(cfg.logs)}
+                 "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server,
+                 "ndif": cfg.generation.ndif, "cold_start_epoch": time.time()}
+        if cfg.line == "0.7":
+            # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
+            (cfg.folder / "hf_home" / "hub").mkdir()
+            state["server_nnsight"] = _prepare_python_path(cfg, env)
         try:
             netns.create(cfg.netns)
             _write_state(cfg, state)
@@ -243,7 +319,8 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
                 on_namespace(cfg)
             services = _services(cfg, env)
             ensure_ports_free(cfg, services)
-            service_env = cfg.environ(env.path / "venv" / "bin")
+            venv_bin = env.path / "venv" / "bin"
+            service_env = cfg.environ(venv_bin, role="api") if cfg.line == "0.7" else cfg.environ(venv_bin)
             by_name = {s.name: s for s in services}
             for name in ("redis", "s3"):
                 by_name[name].start(cfg, service_env)
@@ -252,7 +329,10 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
                   services[:2], 30, interval=0.2)
             # ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model actors load
             # while the API is still coming up, and no deploy client has to connect to Ray.
-            by_name["ray"].start(cfg, {**service_env, "NDIF_DEPLOYMENTS": "|".join(state["models"].values())})
+            if cfg.line == "0.7":
+                by_name["ray"].start(cfg, cfg.environ(venv_bin, role="ray"))
+            else:
+                by_name["ray"].start(cfg, {**service_env, "NDIF_DEPLOYMENTS": "|".join(state["models"].values())})
             by_name["api"].start(cfg, service_env)
             state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
             _write_state(cfg, state)
@@ -374,7 +454,8 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
     cfg = cfg or configuration.default()
     state = read_state(cfg)
     report = {"netns": cfg.netns, "running": netns.exists(cfg.netns), "folder": str(cfg.folder),
-              "logs": str(cfg.logs), "api_url": cfg.api_url, "state": state, "problems": []}
+              "logs": str(cfg.logs), "api_url": cfg.api_url, "state": state, "problems": [],
+              "line": cfg.line}
     if not report["running"]:
         if state:
             report["problems"].append(f"the state file says a stack started {state.get('started')}, "
@@ -397,6 +478,9 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
     if report["api"] != "answering":
         report["problems"].append(f"the API at {cfg.api_url} is not answering ({report['api']})")
     report["models"] = {}
+    if cfg.line == "0.7":
+        # Nothing is deployed up front: list what the server deployed on request, by key.
+        report["models"] = {key: level for key, level in levels.items()}
     for name, key in ((state or {}).get("models") or {}).items():
         report["models"][name] = levels.get(key, {"level": "missing", "state": None})
         if report["api"] == "answering" and report["models"][name]["level"] != "HOT":
@@ -417,12 +501,18 @@ def client_command(cfg: configuration.StackConfig, env: envs.Env, args: List[str
     return netns.command(cfg.netns, [str(env.python), *args])
 
 
-def start_client(cfg: configuration.StackConfig, cases: List[str]) -> subprocess.Popen:
-    """:mod:`remote_client` cases, started in the ``upstream-0.8`` environment inside the namespace."""
+def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optional[str] = None) -> subprocess.Popen:
+    """:mod:`remote_client` cases, started in a client environment (default: the generation's first,
+    ``upstream-0.8`` for the 0.8 stack) inside the namespace."""
     if not netns.exists(cfg.netns):
+        line = "" if cfg.line == "0.8" else f" --line {cfg.line}"
         raise StackError(f"No local NDIF stack is running (namespace {cfg.netns} does not exist); "
-                         f"start one with `nnsight-repro ndif up`.")
-    env = envs.ensure(deploy.CLIENT_ENV, build=False)
+                         f"start one with `nnsight-repro ndif up{line}`.")
+    client = client or cfg.generation.clients[0]
+    if client not in cfg.generation.clients:
+        raise StackError(f"Client environment {client!r} does not speak the {cfg.line} stack's protocol; "
+                         f"its clients: {', '.join(cfg.generation.clients)}.")
+    env = envs.ensure(client, build=False)
     return subprocess.Popen(
         client_command(cfg, env, ["-m", "nnsight_repro.ndif.remote_client", "run", "--cases", ",".join(cases)]),
         env=env.environ({"NDIF_HOST": cfg.api_url}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -453,10 +543,20 @@ def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, ti
     return records
 
 
-def run_client(cfg: Optional[configuration.StackConfig], cases: List[str], timeout: float = 600) -> dict:
-    """Run :mod:`remote_client` cases in the ``upstream-0.8`` environment inside the namespace."""
+def run_client(cfg: Optional[configuration.StackConfig], cases: List[str], timeout: float = 600,
+               client: Optional[str] = None) -> dict:
+    """Run :mod:`remote_client` cases in a client environment (see :func:`start_client`) inside the namespace."""
     cfg = cfg or configuration.default()
-    return client_records(cfg, start_client(cfg, cases), timeout)
+    return client_records(cfg, start_client(cfg, cases, client), timeout)
+
+
+def built_models(cfg: configuration.StackConfig) -> List[dict]:
+    """0.0.1: what the model actors built, one record per model load, oldest first (``logs/built.jsonl``)."""
+    try:
+        text = cfg.built_log.read_text()
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def inline_cap(cfg: Optional[configuration.StackConfig] = None) -> int:

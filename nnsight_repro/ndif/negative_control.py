@@ -1,0 +1,181 @@
+"""The negative control against a real server: nnsight 0.7.0 clients, stock and patched, against the 0.7
+stack (ndif 0.0.1) with a stock and with a patched nnsight on the server.
+
+``python3 -m nnsight_repro ndif negative-control [--out DIR]`` brings up one stack per server flavour,
+one after the other (each brought down before the next comes up), runs every pairing's client cases in
+the namespace, reads what the server built from the model actors' own records (``logs/built.jsonl``),
+and writes ``DIR/negative_control.json``: the command, host, date, client and server versions, each
+pairing's outcome, and each stack's cold start to first remote trace (a GPT-2 client started as the
+namespace appears, waiting for the stack as a user's script would).
+
+The tests (``tests/test_remote_ndif_07.py``) run the same pairings through :func:`run_pairings`.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .. import ROOT, envs
+from . import config, netns, server_env, stack
+
+#: Tolerance of a trace against the local float32 run (see remote_client.BF16_ATOL for why).
+ATOL = 0.08
+
+#: server flavour -> client environment -> remote_client cases. GPT-2 (a decoder, which never takes the
+#: envoy path) is the control; BERT and ESM masked LMs save encoder-layer outputs.
+PAIRINGS: Dict[str, Dict[str, List[str]]] = {
+    "stock": {"main": [f"trace:gpt2:{ATOL}", f"trace:bert-mlm:{ATOL}"],
+              "patched": [f"trace:bert-mlm:{ATOL}"]},
+    "patched": {"patched": [f"trace:bert-mlm:{ATOL}", f"trace:esm-mlm:{ATOL}"],
+                "main": [f"trace:bert-mlm:{ATOL}"]},
+}
+
+
+def _say(message: str) -> None:
+    print(f"[negative-control] {message}", file=sys.stderr, flush=True)
+
+
+def run_pairings(cfg: config.StackConfig, say: Callable[[str], None] = _say) -> dict:
+    """Every client's cases against the running stack of ``cfg.server``; what the server built, after."""
+    clients = {}
+    for client, cases in PAIRINGS[cfg.server].items():
+        say(f"{client} client against the {cfg.server} server: {', '.join(cases)}")
+        clients[client] = stack.run_client(cfg, cases, client=client)
+    return {"server": cfg.server, "clients": clients, "built": stack.built_models(cfg),
+            "server_nnsight": (stack.read_state(cfg) or {}).get("server_nnsight"),
+            "interfaces": netns.interfaces(cfg.netns)}
+
+
+def measure(server: str, say: Callable[[str], None] = _say) -> dict:
+    """Bring up the 0.7 stack with ``server``, time cold start to a first GPT-2 trace, run the pairings, down."""
+    cfg = config.default(line="0.7", server=server)
+    if netns.exists(cfg.netns):
+        raise stack.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
+                               f"(`nnsight-repro ndif down --line 0.7`).")
+    first = {}
+
+    def start_first_client(running_cfg):
+        # Started as the namespace appears, so the client's interpreter start overlaps the server's.
+        first["process"] = stack.start_client(running_cfg, ["first:gpt2"], client="main")
+
+    try:
+        state = stack.up(cfg, on_namespace=start_first_client, say=say)
+        record = stack.client_records(cfg, first.pop("process"))["first:gpt2"]
+        if not record.get("ok"):
+            raise stack.StackError(f"The first GPT-2 trace against the {server} server failed: {record}")
+        result = run_pairings(cfg, say)
+        result["timings"] = {**state["timings"],
+                             "cold_start_to_first_trace_s": round(record["done_epoch"] - state["cold_start_epoch"], 2),
+                             # The first request deploys GPT-2 (0.0.1 deploys on first request).
+                             "first_request_s": record["request_s"]}
+        return result
+    finally:
+        process = first.get("process")
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        stack.down(cfg, say=say)
+
+
+_VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
+             "names = ['nnsight', 'torch', 'transformers', 'ndif']\n"
+             "found = {}\n"
+             "for name in names:\n"
+             "    try: found[name] = m.version(name)\n"
+             "    except m.PackageNotFoundError: pass\n"
+             "found['nnsight_file'] = os.path.realpath(nnsight.__file__)\n"
+             "print(json.dumps(found))")
+
+
+def _versions(env: envs.Env) -> dict:
+    """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
+    result = env.run(["-c", _VERSIONS], timeout=300)
+    if result.returncode:
+        raise envs.EnvError(f"Could not read the versions in {env.name!r}: {result.stderr.strip()[-500:]}")
+    return {"env": env.name, **json.loads(result.stdout.strip().splitlines()[-1]),
+            "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
+
+
+def outcome(record: dict) -> str:
+    """One line per case: OK with the largest deviation, or the error's last line."""
+    if record.get("ok"):
+        diffs = [v["max_abs_diff"] for v in record.values() if isinstance(v, dict) and "max_abs_diff" in v]
+        return f"OK (max |remote - local| {max(diffs):.4g})" if diffs else "OK"
+    lines = [line for line in record.get("message", "").strip().splitlines() if line.strip()]
+    return f"{record.get('error')}: {lines[-1] if lines else ''}"
+
+
+def summary(results: Dict[str, dict]) -> List[dict]:
+    rows = []
+    for server, result in results.items():
+        built = {b["model_key"]: b["module_class"] for b in result["built"]}
+        for client, records in result["clients"].items():
+            for case, record in records.items():
+                row = {"server": server, "client": client, "case": case, "outcome": outcome(record)}
+                if record.get("key") or built:
+                    key = record.get("key")
+                    row["server_built"] = built.get(key) if key else None
+                rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="nnsight-repro ndif negative-control",
+                                     description="The negative control end to end against the 0.7 stack "
+                                                 "(ndif 0.0.1): stock and patched nnsight 0.7.0 on both sides.")
+    parser.add_argument("--out", default=str(ROOT / "results" / "ndif_0.7"), help="output directory")
+    args = parser.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results = {}
+    try:
+        for server in PAIRINGS:
+            results[server] = measure(server)
+    except (stack.StackError, config.ConfigError, netns.NetnsError, envs.EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
+    server = server_env.ensure(build=False, line="0.7")
+    server_packages = _versions(server)
+    report = {
+        "command": " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
+                 "python": sys.version.split()[0]},
+        "server": {"ndif": server_packages.get("ndif"), "env": server.name, "env_digest": server.stamp["digest"],
+                   "torch": server_packages.get("torch"), "transformers": server_packages.get("transformers"),
+                   "nnsight": {server: results[server]["server_nnsight"] for server in results},
+                   "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
+                           "not the server production ran for nnsight 0.7.0"},
+        "clients": {name: _versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+        "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
+                                          "BF16_ATOL)"},
+        "summary": summary(results),
+        "timings": {server: result["timings"] for server, result in results.items()},
+        "results": results,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "negative_control.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    for row in report["summary"]:
+        built = f"  [server built {row['server_built']}]" if row.get("server_built") else ""
+        print(f"{row['server']:8} server, {row['client']:8} client, {row['case']:20} {row['outcome'][:110]}{built}")
+    for server, timings in report["timings"].items():
+        print(f"{server} server: cold start to first remote trace {timings['cold_start_to_first_trace_s']} s")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
