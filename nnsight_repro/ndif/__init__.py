@@ -1,22 +1,27 @@
 """Local NDIF stacks: the real NDIF server on loopback, brought up and torn down by the project.
 
-One stack generation so far: PyPI ``ndif`` 0.1.2, which serves nnsight 0.8 clients. It runs inside a
-private network namespace that has only ``lo``, so nothing it opens is reachable from outside and its
-fixed ports (Ray's above all) cannot collide with anything else on the machine.
+Two stack generations: PyPI ``ndif`` 0.1.2, which serves nnsight 0.8 clients (the default), and PyPI
+``ndif`` 0.0.1 plus backports, which serves nnsight 0.7.0 clients (``line="0.7"``, stock or patched
+nnsight on the server). Each runs inside its own private network namespace that has only ``lo``, so
+nothing it opens is reachable from outside and its fixed ports (Ray's above all) cannot collide with
+anything else on the machine.
 
 Modules, one concept each:
 
-- ``server_env``: the cached venv the server runs in (and the Debian ``redis-server`` it needs);
+- ``server_env``: the cached venv each generation's server runs in (and the Debian ``redis-server`` it needs);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
-- ``config``: ports, folders and the environment every server process gets;
-- ``adaptations_0_1_2``: the only code that runs *inside* the server: the CPU model actor and the
+- ``config``: the generations, ports, folders and the environment every server process gets;
+- ``adaptations_0_1_2``: the only code that runs *inside* the 0.1.2 server: the CPU model actor and the
   nnsight-0.8.1 compatibility shim, each named for the incompatibility it bridges;
+- ``adaptations_0_0_1``: the same for the 0.0.1 server: every backport that lets it serve nnsight 0.7.0;
 - ``deploy``: which panel models a stack serves, under which model keys, and the deploy file;
 - ``stack``: ``up`` / ``down`` / ``status``;
-- ``remote_client``: what a remote test runs, in the ``upstream-0.8`` environment inside the namespace;
+- ``remote_client``: what a remote test runs, in a client environment of the stack's line inside the namespace;
+- ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;
 - ``probe``: a stdlib HTTP GET run inside the namespace (the host cannot reach its loopback);
-- ``cli``: ``nnsight-repro ndif up|down|status``.
+- ``cli``: ``nnsight-repro ndif up|down|status [--line 0.7]`` and ``negative-control``.
 
-Importing this package imports nothing: ``adaptations_0_1_2`` is loaded by Ray workers in the server
-environment, everything else runs under any Python with the standard library.
+Importing this package imports nothing: the adaptations modules are loaded in the server environment
+(by Ray workers; 0.0.1's by every server process, through a generated ``sitecustomize``), everything
+else runs under any Python with the standard library.
 """
