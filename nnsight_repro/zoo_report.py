@@ -1,0 +1,223 @@
+"""From the zoo's raw scans to ``results/zoo/zoo.json`` and ``zoo.md``: per-architecture outcomes and counts.
+
+Stdlib only. An architecture is a model_type; its outcome in an environment
+summarizes every class of it. Words used in the counts:
+
+- *colliding*: some module of some class is named after an attribute nnsight
+  serves on every envoy (``kind == "served"``: 0.7 relocates nnsight's
+  attribute to ``nns_<name>``, 0.8 the submodule to ``E_<name>``). Names that
+  only shadow an Envoy method (``kind == "shadowed"``) are listed, not counted.
+- *fails* in an environment: a built class whose envoy tree does not survive
+  nnsight's serializer, whose synthesized-class check fails, whose
+  ``remote="local"`` trace fails in the remote stage or differs from the local
+  one, or which crashed or timed out its worker. A tiny forward the scan could
+  not set up (``tiny_build``/``local_trace``) is *not run*, not a failure.
+- *fixed by the series* / *by 0.8.1*: colliding, fails on ``main``, passes on
+  ``patched`` / ``upstream-0.8``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from . import lines
+
+SCHEMA = "nnsight-repro/zoo/1"
+RELEASE, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
+NNSIGHT_CHECKS = ("synthesized_classes", "serializer_round_trip")
+
+
+def unit_failures(record: dict) -> List[str]:
+    """Why this class fails in this environment (empty: it passes or was not built)."""
+    if "crash" in record:
+        return [f"{record['crash']['kind']}: {record['crash']['reason']}"]
+    if not record.get("build", {}).get("ok"):
+        return []
+    found = [f"{check}: {record[check].get('error', '')} {record[check].get('message') or record[check].get('reason', '')}".strip()
+             for check in NNSIGHT_CHECKS if not record.get(check, {}).get("ok")]
+    remote = record.get("remote_local")
+    if remote and remote.get("ok") is False and remote.get("stage") in ("remote_trace", "compare"):
+        found.append(f"remote_local: {remote.get('error', 'differs from the local trace')} {remote.get('message', '')}".strip())
+    return found
+
+
+def served_collisions(record: dict) -> List[dict]:
+    return [c for c in record.get("collisions", []) if c["kind"] == "served"]
+
+
+def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> dict:
+    """One architecture's outcome per environment, from the records of all its classes."""
+    per_env = {}
+    for env_name, scan in scans.items():
+        records = [scan["records"].get(u["id"], {"id": u["id"], "crash": {"kind": "missing", "reason": "no record"}})
+                   for u in units]
+        failures = {r["id"]: unit_failures(r) for r in records if unit_failures(r)}
+        unbuilt = {r["id"]: f"{r['build'].get('error')}: {r['build'].get('message')}" for r in records
+                   if "crash" not in r and not r["build"]["ok"]}
+        remote = [r.get("remote_local") for r in records if r.get("remote_local")]
+        per_env[env_name] = {
+            "built": len(records) - len(unbuilt) - sum("crash" in r for r in records),
+            "unbuildable": unbuilt,
+            "served_names": sorted({c["name"] for r in records for c in served_collisions(r)}),
+            "shadowed_names": sorted({c["name"] for r in records for c in r.get("collisions", [])
+                                      if c["kind"] == "shadowed"}),
+            "ok": not failures and len(unbuilt) < len(records),
+            "failures": failures,
+            "remote_local": remote[0] if remote else None,
+            "wrappers": sorted({r.get("wrapper", {}).get("name") for r in records if r.get("wrapper")}),
+        }
+    colliding = any(e["served_names"] for e in per_env.values())
+    outcome = {"model_type": model_type, "source": units[0]["source"], "classes": [u["model_class"] for u in units],
+               "representative": next(u["model_class"] for u in units if u["representative"]),
+               "colliding": colliding, "envs": per_env}
+    built = any(e["built"] for e in per_env.values())
+    outcome["buildable"] = built
+    ok = {name: e["ok"] for name, e in per_env.items()}
+    outcome["fixed_by_series"] = colliding and ok.get(RELEASE) is False and ok.get(PATCHED) is True
+    outcome["fixed_by_0_8_1"] = colliding and ok.get(RELEASE) is False and ok.get(UPSTREAM) is True
+    outcome["failing_in"] = sorted(name for name, e in per_env.items() if built and not e["ok"])
+    return outcome
+
+
+def call_sites(units: List[dict], scans: Dict[str, dict]) -> List[dict]:
+    """Every colliding submodule path (layers as N) and how a user reaches both things on each line."""
+    sites: Dict[tuple, dict] = {}
+    reference = scans.get(PATCHED) or next(iter(scans.values()))
+    for unit in units:
+        record = reference["records"].get(unit["id"], {})
+        for c in served_collisions(record):
+            parent, _, name = c["pattern"].rpartition(".")
+            site = sites.setdefault((unit["model_type"], c["pattern"]), {
+                "model_type": unit["model_type"], "source": unit["source"], "pattern": c["pattern"],
+                "name": name, "parent": parent, "classes": [],
+                "0.7+series": {"nnsight_value": f"{parent}.{lines.LINES['0.7'].moved_prefix}{name}",
+                               "submodule": c["pattern"]},
+                "0.8": {"nnsight_value": f"{parent}.{name}",
+                        "submodule": f"{parent}.{lines.LINES['0.8'].moved_prefix}{name}"},
+            })
+            if unit["model_class"] not in site["classes"]:
+                site["classes"].append(unit["model_class"])
+    return sorted(sites.values(), key=lambda s: (s["source"], s["model_type"], s["pattern"]))
+
+
+def counts(archs: List[dict], units: List[dict], scans: Dict[str, dict]) -> dict:
+    colliding = [a for a in archs if a["colliding"]]
+    failing_patched = [a["model_type"] for a in colliding if PATCHED in a["failing_in"]]
+    crashes = {env: sorted(i for i, r in scan["records"].items() if "crash" in r) for env, scan in scans.items()}
+    return {
+        "architectures": len(archs),
+        "classes": len(units),
+        "unbuildable_architectures": sum(not a["buildable"] for a in archs),
+        "unbuildable_classes": len({i for s in scans.values() for i, r in s["records"].items()
+                                    if "crash" not in r and not r["build"]["ok"]}),
+        "colliding": len(colliding),
+        "colliding_by_source": {src: sum(a["source"] == src for a in colliding)
+                                for src in sorted({a["source"] for a in archs})},
+        "colliding_failing_on_main": sum(RELEASE in a["failing_in"] for a in colliding),
+        "fixed_by_series": sum(a["fixed_by_series"] for a in colliding),
+        "fixed_by_0_8_1": sum(a["fixed_by_0_8_1"] for a in colliding),
+        "failing_on_patched_colliding": len(failing_patched),
+        "failing_on_patched_colliding_list": failing_patched,
+        "failing_anywhere": {env: sorted(a["model_type"] for a in archs if env in a["failing_in"])
+                             for env in scans},
+        "crashes_or_timeouts": crashes,
+        "worker_restarts": {env: scan["restarts"] for env, scan in scans.items()},
+    }
+
+
+def report(scanned: dict, command: str) -> dict:
+    units, scans = scanned["units"], scanned["scans"]
+    by_type: Dict[str, List[dict]] = {}
+    for unit in units:
+        by_type.setdefault(unit["model_type"], []).append(unit)
+    archs = sorted((architecture(t, us, scans) for t, us in by_type.items()),
+                   key=lambda a: (a["source"], a["model_type"]))
+    environments = {env: {k: v for k, v in scan["environment"].items() if k != "envoy_attributes"}
+                    for env, scan in scans.items()}
+    envoy_attributes = {env: scan["environment"].get("envoy_attributes", {}) for env, scan in scans.items()}
+    return {
+        "schema": SCHEMA,
+        "provenance": {
+            "command": command, "subset": scanned["subset"], "host": socket.gethostname(),
+            "machine": f"{platform.system()} {platform.machine()}",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(scanned["started"])),
+            "duration_seconds": scanned["seconds"],
+        },
+        "environments": environments,
+        "envoy_attributes": envoy_attributes,
+        "counts": counts(archs, units, scans),
+        "architectures": archs,
+        "call_sites": call_sites(units, scans),
+        "config_types_without_model_class": scanned["config_types_without_model_class"],
+        "units": units,
+        "restarts": {env: scan["restarts"] for env, scan in scans.items()},
+        "records": {env: [scan["records"][u["id"]] for u in units if u["id"] in scan["records"]]
+                    for env, scan in scans.items()},
+    }
+
+
+def cell(env: dict, built: bool) -> str:
+    if not built:
+        return "not built"
+    if env["ok"]:
+        remote = env["remote_local"]
+        if remote and remote.get("ok") is True:
+            return "ok (remote=local ok)"
+        return "ok"
+    first = next(iter(env["failures"].values()))[0]
+    return f"FAIL ({len(env['failures'])}): {first[:90]}"
+
+
+def markdown(rep: dict) -> str:
+    c, p = rep["counts"], rep["provenance"]
+    envs = list(rep["environments"])
+    out = [
+        "# Zoo audit: which architectures collide with nnsight's Envoy attributes, per environment",
+        "",
+        f"Written by `{p['command']}` on {p['host']} at {p['date']} in {p['duration_seconds']:.0f} s "
+        f"(subset `{p['subset']}`). Versions: " + "; ".join(
+            f"{e}: nnsight {v.get('nnsight')}, transformers {v.get('transformers')}, "
+            f"multimolecule {v.get('multimolecule')}" for e, v in rep["environments"].items()) + ".",
+        "",
+        "Definitions (colliding, fails, fixed) are in `nnsight_repro/zoo_report.py`; the records in `zoo.json`.",
+        "",
+        "| count | |",
+        "|---|---|",
+        f"| architectures (model_types) scanned | {c['architectures']} ({c['classes']} classes) |",
+        f"| cannot be built at all | {c['unbuildable_architectures']} architectures, {c['unbuildable_classes']} classes |",
+        f"| colliding | {c['colliding']} ({', '.join(f'{k}: {v}' for k, v in c['colliding_by_source'].items())}) |",
+        f"| colliding and failing on main | {c['colliding_failing_on_main']} |",
+        f"| fixed by the series (patched) | {c['fixed_by_series']} |",
+        f"| fixed by 0.8.1 | {c['fixed_by_0_8_1']} |",
+        f"| colliding and failing on patched | {c['failing_on_patched_colliding']} "
+        f"{', '.join(c['failing_on_patched_colliding_list'])} |",
+    ]
+    for env in envs:
+        failing = c["failing_anywhere"].get(env, [])
+        out.append(f"| failing on {env} (any reason) | {len(failing)} |")
+    for env in envs:
+        out.append(f"| crashes/timeouts on {env} | {len(c['crashes_or_timeouts'][env])} "
+                   f"{', '.join(c['crashes_or_timeouts'][env])} |")
+    out += ["", "| family | architecture | classes | colliding names | " + " | ".join(envs) + " |",
+            "|---|---|---|---|" + "---|" * len(envs)]
+    for a in rep["architectures"]:
+        names = sorted({n for e in a["envs"].values() for n in e["served_names"]})
+        unbuilt = not a["buildable"]
+        note = ""
+        if unbuilt:
+            reasons = {r for e in a["envs"].values() for r in e["unbuildable"].values()}
+            note = "cannot be built: " + "; ".join(sorted(reasons))[:160]
+        cells = [note if unbuilt else cell(a["envs"][e], True) for e in envs]
+        out.append(f"| {a['source']} | {a['model_type']} | {len(a['classes'])} | {', '.join(names) or '-'} | "
+                   + " | ".join(x.replace("|", "/") for x in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write(rep: dict, out: Path) -> None:
+    (out / "zoo.json").write_text(json.dumps(rep, indent=1) + "\n")
+    (out / "zoo.md").write_text(markdown(rep))
