@@ -34,12 +34,16 @@ UNIT_TIMEOUT = 120
 #: Seconds a worker may take to start (torch, transformers, multimolecule, nnsight).
 STARTUP_TIMEOUT = 180
 
-#: The CI subset, by model_type (every class of each): the panel's encoders and decoder control, two more
-#: colliding encoders, a decoder with none, a multimolecule family, the model_type whose defaults cannot be
-#: built (``esm``: vocab_size None, built tiny instead) and one that cannot be built at all.
-CI_MODEL_TYPES = ("bert", "esm", "roberta", "gpt2", "rnabert", "electra", "llama", "t5", "vision-encoder-decoder")
-#: A CI unit made to crash its worker (the test injects a segfault into it); the scan must go on after it.
-CI_CRASH_UNIT = "roberta/RobertaForCausalLM"
+#: The CI subset, by unit id: the panel's encoders (BERT masked LM and base model, ESM, whose defaults cannot
+#: be built so it is built tiny), two more colliding encoders, a decoder control with no collision, a
+#: seq2seq model, a composite whose tiny forward cannot be set up, a multimolecule family, and one class that
+#: cannot be built at all (Autoformer: its config leaves prediction_length to the checkpoint).
+CI_UNITS = ("autoformer/AutoformerModel", "bert/BertForMaskedLM", "bert/BertModel", "electra/ElectraForMaskedLM",
+            "esm/EsmForMaskedLM", "gpt2/GPT2LMHeadModel", "llama/LlamaForCausalLM",
+            "llama/LlamaForSequenceClassification", "roberta/RobertaForMaskedLM", "t5/T5Model",
+            "vision-encoder-decoder/VisionEncoderDecoderModel", "rnabert/RnaBertForMaskedLM")
+#: The CI unit the test makes crash its worker (an injected segfault); units after it must still be scanned.
+CI_CRASH_UNIT = "llama/LlamaForSequenceClassification"
 
 
 class Worker:
@@ -145,10 +149,10 @@ def catalog(env_name: str) -> dict:
 def select(units: List[dict], subset: str) -> List[dict]:
     if subset == "full":
         return units
-    chosen = [u for u in units if u["model_type"] in CI_MODEL_TYPES]
-    missing = set(CI_MODEL_TYPES) - {u["model_type"] for u in chosen}
+    chosen = [u for u in units if u["id"] in CI_UNITS]
+    missing = set(CI_UNITS) - {u["id"] for u in chosen}
     if missing:
-        raise ValueError(f"CI model_types not in the catalog: {', '.join(sorted(missing))}")
+        raise ValueError(f"CI units not in the catalog: {', '.join(sorted(missing))}")
     return chosen
 
 
