@@ -108,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     z.add_argument("--timeout", type=float, default=120, help="seconds per class before its worker is killed")
     z.add_argument("--parallel", type=int, default=2, help="environments scanned at once")
     z.add_argument("--only", default=None, help="comma-separated model_types or unit ids (debugging)")
+    z.add_argument("--rerender", action="store_true", help="rewrite --out's zoo.json/zoo.md from its own records")
     z.set_defaults(run=cmd_zoo, command_line=None)
 
     e = sub.add_parser("envs", help="build, locate or inspect the cached environments")

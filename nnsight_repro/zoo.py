@@ -207,6 +207,11 @@ def main(args) -> int:
 
     env_names = [e.strip() for e in args.envs.split(",") if e.strip()]
     out = Path(args.out)
+    if args.rerender:
+        zoo_report.write(zoo_report.rerender(out / "zoo.json", " ".join(["python3 -m nnsight_repro", *sys.argv[1:]])),
+                         out)
+        print(f"[zoo] re-rendered {out} from its records", file=sys.stderr)
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     # Worker stderr (model warnings, tracebacks of crashes) is kept for debugging, never with the results.
     log_dir = Path(tempfile.mkdtemp(prefix="nnsight-repro-zoo-logs-"))
