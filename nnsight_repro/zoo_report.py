@@ -29,7 +29,8 @@ from . import lines
 
 SCHEMA = "nnsight-repro/zoo/1"
 RELEASE, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
-NNSIGHT_CHECKS = ("synthesized_classes", "serializer_round_trip")
+#: In the order a reader wants the reason: the serializer's error names the bug, the class count only counts it.
+NNSIGHT_CHECKS = ("serializer_round_trip", "synthesized_classes")
 
 
 def unit_failures(record: dict) -> List[str]:
@@ -215,7 +216,42 @@ def markdown(rep: dict) -> str:
         cells = [note if unbuilt else cell(a["envs"][e], True) for e in envs]
         out.append(f"| {a['source']} | {a['model_type']} | {len(a['classes'])} | {', '.join(names) or '-'} | "
                    + " | ".join(x.replace("|", "/") for x in cells) + " |")
+    out += failures_section(rep) + call_sites_section(rep)
     return "\n".join(out) + "\n"
+
+
+def failures_section(rep: dict) -> List[str]:
+    """Every failing (architecture, environment) and why, one line per failing class."""
+    out = ["", "## Every failure, per environment", ""]
+    for env in rep["environments"]:
+        failing = [a for a in rep["architectures"] if env in a["failing_in"]]
+        out.append(f"**{env}**: {len(failing)} architectures" + (":" if failing else "."))
+        out.append("")
+        for a in failing:
+            reasons = sorted({f for fs in a["envs"][env]["failures"].values() for f in fs})
+            classes = len(a["envs"][env]["failures"])
+            out.append(f"- `{a['model_type']}` ({classes} of {len(a['classes'])} classes): "
+                       + "; ".join(r[:160].replace("|", "/") for r in reasons))
+        out.append("")
+    return out
+
+
+def call_sites_section(rep: dict) -> List[str]:
+    """The migration table for the representative class of each colliding architecture (all classes: zoo.json)."""
+    representative = {a["model_type"]: a["representative"] for a in rep["architectures"]}
+    out = ["## Call sites: colliding submodules of each architecture's representative class", "",
+           "Layer indices are `N`. Every class's sites, and the classes sharing each one, are in "
+           "`zoo.json` under `call_sites`.", "",
+           "| architecture | class | submodule (0.7 + series) | nnsight's value (0.7 + series) | "
+           "submodule (0.8.1) | nnsight's value (0.8.1) |", "|---|---|---|---|---|---|"]
+    for site in rep["call_sites"]:
+        chosen = representative.get(site["model_type"])
+        if chosen not in site["classes"]:
+            continue
+        old, new = site["0.7+series"], site["0.8"]
+        out.append(f"| {site['model_type']} | {chosen} | `{old['submodule']}` | `{old['nnsight_value']}` | "
+                   f"`{new['submodule']}` | `{new['nnsight_value']}` |")
+    return out
 
 
 def write(rep: dict, out: Path) -> None:
