@@ -130,6 +130,8 @@ def scan_env(env_name: str, units: List[dict], *, unit_timeout: float = UNIT_TIM
                                    f"({worker.exit_status()}); see {log.name if log else 'its stderr'}")
             restarts += bool(pending)
     finally:
+        if pending and "worker" in locals():
+            worker.kill()  # the parent is going down (an error, Ctrl-C): leave no worker behind
         for stream in (log, journal):
             if stream:
                 stream.close()

@@ -5,8 +5,10 @@ summarizes every class of it. Words used in the counts:
 
 - *colliding*: some module of some class is named after an attribute nnsight
   serves on every envoy (``kind == "served"``: 0.7 relocates nnsight's
-  attribute to ``nns_<name>``, 0.8 the submodule to ``E_<name>``). Names that
-  only shadow an Envoy method (``kind == "shadowed"``) are listed, not counted.
+  attribute to ``nns_<name>``, 0.8 the submodule to ``E_<name>``) or after an
+  envoy's own per-instance state (``kind == "clobbered"``: ``path``, which the
+  child envoy overwrites). Names that only shadow an Envoy method
+  (``kind == "shadowed"``) are listed, not counted.
 - *fails* in an environment: a built class whose envoy tree does not survive
   nnsight's serializer, whose synthesized-class check fails, whose
   ``remote="local"`` trace fails in the remote stage or differs from the local
@@ -39,16 +41,25 @@ def unit_failures(record: dict) -> List[str]:
         return [f"{record['crash']['kind']}: {record['crash']['reason']}"]
     if not record.get("build", {}).get("ok"):
         return []
-    found = [f"{check}: {record[check].get('error', '')} {record[check].get('message') or record[check].get('reason', '')}".strip()
-             for check in NNSIGHT_CHECKS if not record.get(check, {}).get("ok")]
+    found = [f"{check}: {why(record.get(check, {}))}" for check in NNSIGHT_CHECKS if not record.get(check, {}).get("ok")]
     remote = record.get("remote_local")
     if remote and remote.get("ok") is False and remote.get("stage") in ("remote_trace", "compare"):
         found.append(f"remote_local: {remote.get('error', 'differs from the local trace')} {remote.get('message', '')}".strip())
     return found
 
 
+def why(result: dict) -> str:
+    if result.get("error"):
+        return f"{result['error']} {result.get('message', '')}".strip()
+    if "reason" in result:
+        return result["reason"]
+    # The round trip loaded without an error, into a different tree.
+    return "loads, but the envoy tree's paths or classes differ from the original"
+
+
 def served_collisions(record: dict) -> List[dict]:
     return [c for c in record.get("collisions", []) if c["kind"] == "served"]
+
 
 
 def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> dict:
@@ -65,6 +76,8 @@ def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> 
             "built": len(records) - len(unbuilt) - sum("crash" in r for r in records),
             "unbuildable": unbuilt,
             "served_names": sorted({c["name"] for r in records for c in served_collisions(r)}),
+            "clobbered_names": sorted({c["name"] for r in records for c in r.get("collisions", [])
+                                       if c["kind"] == "clobbered"}),
             "shadowed_names": sorted({c["name"] for r in records for c in r.get("collisions", [])
                                       if c["kind"] == "shadowed"}),
             "ok": not failures and len(unbuilt) < len(records),
@@ -72,7 +85,7 @@ def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> 
             "remote_local": remote[0] if remote else None,
             "wrappers": sorted({r.get("wrapper", {}).get("name") for r in records if r.get("wrapper")}),
         }
-    colliding = any(e["served_names"] for e in per_env.values())
+    colliding = any(e["served_names"] or e["clobbered_names"] for e in per_env.values())
     outcome = {"model_type": model_type, "source": units[0]["source"], "classes": [u["model_class"] for u in units],
                "representative": next(u["model_class"] for u in units if u["representative"]),
                "colliding": colliding, "envs": per_env}
@@ -86,20 +99,31 @@ def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> 
 
 
 def call_sites(units: List[dict], scans: Dict[str, dict]) -> List[dict]:
-    """Every colliding submodule path (layers as N) and how a user reaches both things on each line."""
+    """Every relocated submodule path (layers as N) and how a user reaches both things on each line.
+
+    The 0.7 spelling is read from ``patched``'s records, the 0.8 one from
+    ``upstream-0.8``'s: a name 0.7 relocates may only shadow a method on 0.8.
+    """
     sites: Dict[tuple, dict] = {}
     reference = scans.get(PATCHED) or next(iter(scans.values()))
+    upstream = scans.get(UPSTREAM, {}).get("records", {})
     for unit in units:
         record = reference["records"].get(unit["id"], {})
+        kinds_08 = {c["path"]: c["kind"] for c in upstream.get(unit["id"], {}).get("collisions", [])}
         for c in served_collisions(record):
             parent, _, name = c["pattern"].rpartition(".")
+            if kinds_08.get(c["path"]) == "served":
+                new = {"nnsight_value": f"{parent}.{name}",
+                       "submodule": f"{parent}.{lines.LINES['0.8'].moved_prefix}{name}"}
+            else:
+                new = {"nnsight_value": None, "submodule": c["pattern"],
+                       "note": f"0.8.1 keeps the submodule at .{name}; it hides Envoy.{name} on this envoy"}
             site = sites.setdefault((unit["model_type"], c["pattern"]), {
                 "model_type": unit["model_type"], "source": unit["source"], "pattern": c["pattern"],
                 "name": name, "parent": parent, "classes": [],
                 "0.7+series": {"nnsight_value": f"{parent}.{lines.LINES['0.7'].moved_prefix}{name}",
                                "submodule": c["pattern"]},
-                "0.8": {"nnsight_value": f"{parent}.{name}",
-                        "submodule": f"{parent}.{lines.LINES['0.8'].moved_prefix}{name}"},
+                "0.8": new,
             })
             if unit["model_class"] not in site["classes"]:
                 site["classes"].append(unit["model_class"])
@@ -207,7 +231,8 @@ def markdown(rep: dict) -> str:
     out += ["", "| family | architecture | classes | colliding names | " + " | ".join(envs) + " |",
             "|---|---|---|---|" + "---|" * len(envs)]
     for a in rep["architectures"]:
-        names = sorted({n for e in a["envs"].values() for n in e["served_names"]})
+        names = sorted({n for e in a["envs"].values() for n in e["served_names"]}) + sorted(
+            {f"{n} (clobbered)" for e in a["envs"].values() for n in e["clobbered_names"]})
         unbuilt = not a["buildable"]
         note = ""
         if unbuilt:
@@ -249,8 +274,9 @@ def call_sites_section(rep: dict) -> List[str]:
         if chosen not in site["classes"]:
             continue
         old, new = site["0.7+series"], site["0.8"]
+        value = f"`{new['nnsight_value']}`" if new["nnsight_value"] else new["note"]
         out.append(f"| {site['model_type']} | {chosen} | `{old['submodule']}` | `{old['nnsight_value']}` | "
-                   f"`{new['submodule']}` | `{new['nnsight_value']}` |")
+                   f"`{new['submodule']}` | {value} |")
     return out
 
 

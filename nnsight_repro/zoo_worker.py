@@ -10,10 +10,9 @@ catalog instead.
 Per unit, for the nnsight this interpreter imports:
 
 - ``collisions``: modules whose own name is an attribute of this nnsight's
-  ``Envoy`` (the names come from ``dir(Envoy)``, never a list of ours), each
-  with whether nnsight moves one of the two (``served``: 0.7 moves on any
-  attribute, 0.8 only on the data descriptors it serves) or the child merely
-  shadows a method;
+  ``Envoy`` (the names come from ``dir(Envoy)`` and a bare envoy's instance
+  attributes, never a list of ours), each with its kind (see
+  :func:`envoy_attribute_names`);
 - ``synthesized_classes`` and ``serializer_round_trip``: the check routine's own
   checks, on the model built on meta;
 - ``remote_local`` (representative units only): a tiny seeded model, one read
@@ -54,20 +53,31 @@ def emit(stream, message: dict) -> None:
 
 
 def envoy_attribute_names() -> dict:
-    """name -> 'served' (nnsight relocates one of the two on a collision) or 'shadowed' (a method is hidden)."""
+    """Every name an envoy answers to, from this nnsight itself, with what a submodule of that name does to it.
+
+    - ``served``: nnsight relocates one of the two (0.7 moves its attribute to
+      ``nns_<name>`` on any ``hasattr(Envoy, name)``; 0.8 moves the submodule to
+      ``E_<name>`` when the name is a public data descriptor);
+    - ``shadowed``: the child envoy is set over a class attribute (a method) on that envoy only;
+    - ``clobbered``: the name is per-instance state set in ``Envoy.__init__`` (``path``,
+      ``interleaver``), which ``dir(Envoy)`` cannot show: the child envoy overwrites it.
+    """
     import inspect
 
+    import torch
     from nnsight.intervention.envoy import Envoy
 
     from . import lines
 
-    names = [n for n in dir(Envoy) if not (n.startswith("__") and n.endswith("__"))]
+    class_names = [n for n in dir(Envoy) if not (n.startswith("__") and n.endswith("__"))]
+    instance_names = [n for n in vars(Envoy(torch.nn.Module())) if n not in class_names]
     if lines.current().synthesizes_classes:
-        # 0.7.0 moves nnsight's attribute on any ``hasattr(Envoy, name)``.
-        return {n: "served" for n in names}
-    # 0.8.1 moves the submodule when the name is a public data descriptor (its _wrap_envoy).
-    return {n: "served" if not n.startswith("_") and inspect.isdatadescriptor(getattr(Envoy, n, None))
-            else "shadowed" for n in names}
+        kinds = {n: "served" for n in class_names}
+    else:
+        kinds = {n: "served" if not n.startswith("_") and inspect.isdatadescriptor(getattr(Envoy, n, None))
+                 else "shadowed" for n in class_names}
+    kinds.update({n: "clobbered" for n in instance_names})
+    return kinds
 
 
 def collisions(model, names: dict) -> list:
