@@ -130,6 +130,41 @@ def call_sites(units: List[dict], scans: Dict[str, dict]) -> List[dict]:
     return sorted(sites.values(), key=lambda s: (s["source"], s["model_type"], s["pattern"]))
 
 
+def explain_patched_failures(archs: List[dict], scans: Dict[str, dict]) -> List[dict]:
+    """For each colliding architecture failing on patched, what its own records say the cause is."""
+    if PATCHED not in scans:
+        return []
+    explained = []
+    for a in archs:
+        if not (a["colliding"] and PATCHED in a["failing_in"]):
+            continue
+        causes = []
+        for unit_id in a["envs"][PATCHED]["failures"]:
+            record = scans[PATCHED]["records"][unit_id]
+            if "crash" in record:
+                causes.append(f"{unit_id}: {record['crash']['kind']} ({record['crash']['reason']})")
+                continue
+            clobbered = [c["path"] for c in record.get("collisions", []) if c["kind"] == "clobbered"]
+            if clobbered:
+                names = sorted({p.rsplit(".", 1)[-1] for p in clobbered})
+                causes.append(f"{unit_id}: submodules named {', '.join(names)} ({len(clobbered)}, e.g. "
+                              f"`{clobbered[0]}`) overwrite the envoy's own per-instance attribute of that name, "
+                              f"so the loaded tree differs (shown alone by `python -m nnsight_repro.zoo_probes`); "
+                              f"the series relocates only names the Envoy class serves, and 0.8.1 " + ("fails the same way" if UPSTREAM in a["failing_in"]
+                                                       else "passes"))
+            synthesized = record.get("synthesized_classes", {})
+            if synthesized.get("count", 0) > 1:
+                causes.append(f"{unit_id}: {synthesized['count']} synthesized classes "
+                              f"({', '.join(c.rsplit('.', 1)[-1] for c in synthesized.get('classes', []))}): an "
+                              f"envoy with more than one colliding child gets a class chained on the first, so "
+                              f"the check's 'at most one' fails; that tree alone still round-trips "
+                              f"(`python -m nnsight_repro.zoo_probes`, tests/test_zoo.py)")
+            if not causes or not causes[-1].startswith(unit_id):
+                causes.append(f"{unit_id}: " + "; ".join(a["envs"][PATCHED]["failures"][unit_id]))
+        explained.append({"model_type": a["model_type"], "causes": causes})
+    return explained
+
+
 def counts(archs: List[dict], units: List[dict], scans: Dict[str, dict]) -> dict:
     colliding = [a for a in archs if a["colliding"]]
     failing_patched = [a["model_type"] for a in colliding if PATCHED in a["failing_in"]]
@@ -176,6 +211,7 @@ def report(scanned: dict, command: str) -> dict:
         "environments": environments,
         "envoy_attributes": envoy_attributes,
         "counts": counts(archs, units, scans),
+        "failing_on_patched_explained": explain_patched_failures(archs, scans),
         "architectures": archs,
         "call_sites": call_sites(units, scans),
         "config_types_without_model_class": scanned["config_types_without_model_class"],
@@ -241,8 +277,15 @@ def markdown(rep: dict) -> str:
         cells = [note if unbuilt else cell(a["envs"][e], True) for e in envs]
         out.append(f"| {a['source']} | {a['model_type']} | {len(a['classes'])} | {', '.join(names) or '-'} | "
                    + " | ".join(x.replace("|", "/") for x in cells) + " |")
-    out += failures_section(rep) + call_sites_section(rep)
+    out += explained_section(rep) + failures_section(rep) + call_sites_section(rep)
     return "\n".join(out) + "\n"
+
+
+def explained_section(rep: dict) -> List[str]:
+    out = ["", "## Colliding architectures that fail on patched, and why (from their records)", ""]
+    for item in rep.get("failing_on_patched_explained", []):
+        out += [f"- `{item['model_type']}`:"] + [f"  - {cause}" for cause in item["causes"]]
+    return out + ([] if rep.get("failing_on_patched_explained") else ["None."])
 
 
 def failures_section(rep: dict) -> List[str]:

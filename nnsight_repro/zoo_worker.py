@@ -220,11 +220,13 @@ def injected(unit_id: str) -> None:
 def environment_block() -> dict:
     from importlib.metadata import version
 
-    from . import checks, lines
+    from . import checks, lines, zoo_probes
 
     block = checks.environment()
     block["multimolecule"] = version("multimolecule")
     block["envoy_attributes"] = envoy_attribute_names()
+    # Costs milliseconds here, where nnsight is already imported; a process of its own costs seconds.
+    block["probes"] = {name: zoo_probes.round_trip(tree) for name, tree in zoo_probes.probe_trees().items()}
     block["line_object"] = lines.current()
     return block
 

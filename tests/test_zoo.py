@@ -128,3 +128,16 @@ def test_counts_no_colliding_architecture_fails_on_patched_except_by_the_injecte
     assert counts["fixed_by_series"] == counts["fixed_by_0_8_1"] == counts["colliding_failing_on_main"] == 6
     assert counts["failing_on_patched_colliding"] == 0
     assert counts["failing_anywhere"]["patched"] == ["llama"]
+
+
+def test_the_two_findings_beyond_output_reproduce_on_minimal_trees(report):
+    """What zoo.md says about Flava, on two-module trees (nnsight_repro/zoo_probes.py), as each worker ran them."""
+    found = {env: report["environments"][env]["probes"] for env in ENVS}
+    # A submodule named ``path`` breaks the round trip on every line: the series does not cover it, nor does 0.8.1.
+    for env in ENVS:
+        assert found[env]["path_child"]["ok"] is False and "Envoy" in found[env]["path_child"]["path_types"]
+    # Two colliding children on one module: the release fails; the series' chained class still round-trips.
+    assert "hooked_input" in found["main"]["input_and_output_children"]["message"]
+    assert found["patched"]["input_and_output_children"] == {
+        "ok": True, "path_types": ["str"], "synthesized_classes": ["Envoy__Preserved_input__Preserved_output"]}
+    assert found["upstream-0.8"]["input_and_output_children"]["ok"] is True
