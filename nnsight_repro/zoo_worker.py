@@ -107,9 +107,10 @@ def wrap(model, meta: bool):
         kwargs = {"device": "meta"} if meta else {}
         try:
             return TransformersModel(model, tokenizer=tokenizer, **kwargs), line.wrapper, None
-        except ValueError:
-            # It infers a task from the class name; a bare backbone (T5Model) has none it knows,
-            # and feature-extraction is the task any text backbone serves.
+        except Exception:
+            # It infers a task from the class name and builds that task's pipeline: a bare backbone
+            # (T5Model) has no task it knows, and an image task wants an image processor from the hub.
+            # feature-extraction needs only the tokenizer, and the envoy tree is the module's either way.
             return (TransformersModel(model, tokenizer=tokenizer, task="feature-extraction", **kwargs),
                     line.wrapper, None)
     except Exception as exc:
@@ -217,6 +218,19 @@ def injected(unit_id: str) -> None:
             time.sleep(10 ** 6)
 
 
+def worker_commit() -> str:
+    """The project commit this worker's code is from (``+dirty`` when the tree differs), for provenance."""
+    import subprocess
+
+    from . import ROOT
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+dirty" if git("status", "--porcelain", "--", "nnsight_repro") else "")
+
+
 def environment_block() -> dict:
     from importlib.metadata import version
 
@@ -224,6 +238,7 @@ def environment_block() -> dict:
 
     block = checks.environment()
     block["multimolecule"] = version("multimolecule")
+    block["worker_commit"] = worker_commit()
     block["envoy_attributes"] = envoy_attribute_names()
     # Costs milliseconds here, where nnsight is already imported; a process of its own costs seconds.
     block["probes"] = {name: zoo_probes.round_trip(tree) for name, tree in zoo_probes.probe_trees().items()}
