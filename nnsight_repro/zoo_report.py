@@ -154,11 +154,16 @@ def explain_patched_failures(archs: List[dict], scans: Dict[str, dict]) -> List[
                                                        else "passes"))
             synthesized = record.get("synthesized_classes", {})
             if synthesized.get("count", 0) > 1:
-                causes.append(f"{unit_id}: {synthesized['count']} synthesized classes "
-                              f"({', '.join(c.rsplit('.', 1)[-1] for c in synthesized.get('classes', []))}): an "
-                              f"envoy with more than one colliding child gets a class chained on the first, so "
-                              f"the check's 'at most one' fails; that tree alone still round-trips "
-                              f"(`python -m nnsight_repro.zoo_probes`, tests/test_zoo.py)")
+                names = [c.rsplit(".", 1)[-1] for c in synthesized.get("classes", [])]
+                chained = [n for n in names if n.count("__Preserved_") > 1]
+                how = (f"{', '.join(chained)} is chained on another synthesized class because one module has "
+                       f"two colliding children" if chained else
+                       "one class per colliding name, as the series designs it (one per base class and mount "
+                       "point)")
+                causes.append(f"{unit_id}: {synthesized['count']} synthesized classes ({', '.join(names)}): {how}; "
+                              f"the check's 'at most one' assumes a single colliding name. "
+                              + ("The round trip passes." if record.get("serializer_round_trip", {}).get("ok")
+                                 else "The round trip fails (see above)."))
             if not causes or not causes[-1].startswith(unit_id):
                 causes.append(f"{unit_id}: " + "; ".join(a["envs"][PATCHED]["failures"][unit_id]))
         explained.append({"model_type": a["model_type"], "causes": causes})
@@ -192,10 +197,11 @@ def counts(archs: List[dict], units: List[dict], scans: Dict[str, dict]) -> dict
 
 def report(scanned: dict, command: str) -> dict:
     units, scans = scanned["units"], scanned["scans"]
-    by_type: Dict[str, List[dict]] = {}
+    # Keyed by source too: multimolecule and transformers both ship an ``esmc``.
+    by_type: Dict[tuple, List[dict]] = {}
     for unit in units:
-        by_type.setdefault(unit["model_type"], []).append(unit)
-    archs = sorted((architecture(t, us, scans) for t, us in by_type.items()),
+        by_type.setdefault((unit["source"], unit["model_type"]), []).append(unit)
+    archs = sorted((architecture(t, us, scans) for (_, t), us in by_type.items()),
                    key=lambda a: (a["source"], a["model_type"]))
     environments = {env: {k: v for k, v in scan["environment"].items() if k != "envoy_attributes"}
                     for env, scan in scans.items()}
@@ -306,14 +312,14 @@ def failures_section(rep: dict) -> List[str]:
 
 def call_sites_section(rep: dict) -> List[str]:
     """The migration table for the representative class of each colliding architecture (all classes: zoo.json)."""
-    representative = {a["model_type"]: a["representative"] for a in rep["architectures"]}
+    representative = {(a["source"], a["model_type"]): a["representative"] for a in rep["architectures"]}
     out = ["## Call sites: colliding submodules of each architecture's representative class", "",
            "Layer indices are `N`. Every class's sites, and the classes sharing each one, are in "
            "`zoo.json` under `call_sites`.", "",
            "| architecture | class | submodule (0.7 + series) | nnsight's value (0.7 + series) | "
            "submodule (0.8.1) | nnsight's value (0.8.1) |", "|---|---|---|---|---|---|"]
     for site in rep["call_sites"]:
-        chosen = representative.get(site["model_type"])
+        chosen = representative.get((site["source"], site["model_type"]))
         if chosen not in site["classes"]:
             continue
         old, new = site["0.7+series"], site["0.8"]
