@@ -33,6 +33,12 @@ def cmd_verify(args) -> int:
     return verify.main(args)
 
 
+def cmd_zoo(args) -> int:
+    from . import zoo
+
+    return zoo.main(args)
+
+
 def cmd_envs(args) -> int:
     if args.action == "status":
         for row in envs.status():
@@ -94,6 +100,16 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--checks", default=None, help="comma-separated checks (default: all)")
     v.add_argument("--out", default=str(ROOT / "results" / "verify"), help="output directory")
     v.set_defaults(run=cmd_verify)
+
+    z = sub.add_parser("zoo", help="scan every transformers/multimolecule architecture in each environment")
+    z.add_argument("--subset", choices=["ci", "full"], default="full")
+    z.add_argument("--envs", default=",".join(TEST_ENVS))
+    z.add_argument("--out", default=str(ROOT / "results" / "zoo"), help="output directory")
+    z.add_argument("--timeout", type=float, default=120, help="seconds per class before its worker is killed")
+    z.add_argument("--parallel", type=int, default=2, help="environments scanned at once")
+    z.add_argument("--only", default=None, help="comma-separated model_types or unit ids (debugging)")
+    z.add_argument("--rerender", action="store_true", help="rewrite --out's zoo.json/zoo.md from its own records")
+    z.set_defaults(run=cmd_zoo, command_line=None)
 
     e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
     e.add_argument("action", choices=["build", "status", "path", "python"])
