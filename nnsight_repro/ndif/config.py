@@ -50,6 +50,10 @@ RAY_PORTS_0_0_1 = {6380: "ray gcs", 8076: "ray object manager", 10001: "ray clie
                    8268: "ray dashboard agent (grpc)", 52365: "ray dashboard agent (http)", 8267: "ray metrics"}
 
 
+#: Longest temp dir Ray's deepest Unix socket path (70 bytes below it) fits the 107-byte limit with.
+RAY_TEMP_MAX = 107 - 70
+
+
 @dataclass(frozen=True)
 class Generation:
     """One NDIF server generation: what it serves and what it runs in."""
@@ -134,7 +138,15 @@ class StackConfig:
 
     @property
     def ray_temp(self) -> Path:
-        # Ray puts Unix sockets under its temp dir, and socket paths are limited to 107 bytes.
+        # Ray puts Unix sockets deep under its temp dir (0.0.1's Ray adds
+        # "ray/session_<date>_<pid>/sockets/dash_MetricsHead", 70 bytes), and a socket path may not
+        # exceed 107 bytes: under the default cache (~/.cache/nnsight-repro/ndif-0.7) the dashboard
+        # failed to start. So Ray's temp dir gets a short path of its own, named after the stack
+        # folder; ``<folder>/ray`` links to it, so a failed run's Ray logs are found from the folder.
+        return Path("/tmp") / ("nnsr-ray-" + hashlib.sha256(str(self.folder).encode()).hexdigest()[:8])
+
+    @property
+    def ray_temp_link(self) -> Path:
         return self.folder / "ray"
 
     @property
@@ -184,9 +196,9 @@ class StackConfig:
             raise ConfigError(f"gpus must be at least {gen.min_gpus} for the {gen.line} stack: ndif's controller "
                               f"places models only on GPU nodes"
                               + (", one per deployment (fewer hot-swap each other out)." if gen.min_gpus > 1 else "."))
-        if len(str(self.ray_temp)) > 60:
-            raise ConfigError(f"the stack folder {self.folder} is too long a path for Ray's Unix sockets "
-                              f"(its temp dir must stay under 60 characters); set NNSIGHT_REPRO_CACHE shorter.")
+        if len(str(self.ray_temp)) > RAY_TEMP_MAX:
+            raise ConfigError(f"Ray's temp dir {self.ray_temp} is too long a path for its Unix sockets "
+                              f"(at most {RAY_TEMP_MAX} characters).")
 
     # The environment ---------------------------------------------------------
 

@@ -303,6 +303,11 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
+        if cfg.ray_temp_link.is_symlink() or cfg.ray_temp_link.is_file():
+            cfg.ray_temp_link.unlink()
+        elif cfg.ray_temp_link.is_dir():  # a stack folder from before Ray's temp dir moved out of it
+            shutil.rmtree(cfg.ray_temp_link)
+        cfg.ray_temp_link.symlink_to(cfg.ray_temp)
         state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
                  "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
@@ -354,7 +359,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
             _down_locked(cfg, say=lambda m: None)
             if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
-                raise StackError(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: {cfg.ray_temp}/session_latest/logs)") from None
+                raise StackError(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
             raise
 
 
