@@ -12,6 +12,7 @@ synthesized class      ``Envoy__Preserved_output`` none
 wrapper                ``LanguageModel``           ``TransformersModel``
 model class in key     ``"automodel"``             ``"task"``
 hub-id cache           ``ID_CACHE``                ``_ID_CACHE``
+remote status update   ``handle_response``         ``note``
 =====================  ==========================  ==========================
 
 Nothing else in the project branches on an nnsight version.
@@ -36,6 +37,8 @@ class Line:
     id_cache: str
     #: Whether envoys with a colliding child get a synthesized class.
     synthesizes_classes: bool
+    #: The ``RemoteBackend`` method every status update from the server passes through.
+    status_callback: str
 
     def output_attr(self, envoy, name: str = "output") -> str:
         """The attribute of ``envoy`` that is nnsight's ``name`` (its forward output)."""
@@ -72,9 +75,11 @@ class Line:
 
 LINES = {
     "0.7": Line("0.7", moved_prefix="nns_", nnsight_keeps_name=False, wrapper="LanguageModel",
-                class_field="automodel", id_cache="ID_CACHE", synthesizes_classes=True),
+                class_field="automodel", id_cache="ID_CACHE", synthesizes_classes=True,
+                status_callback="handle_response"),
     "0.8": Line("0.8", moved_prefix="E_", nnsight_keeps_name=True, wrapper="TransformersModel",
-                class_field="task", id_cache="_ID_CACHE", synthesizes_classes=False),
+                class_field="task", id_cache="_ID_CACHE", synthesizes_classes=False,
+                status_callback="note"),
 }
 
 

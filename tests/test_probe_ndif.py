@@ -1,10 +1,12 @@
-"""``scripts/ndif_feasibility/probe_ndif.py`` end to end against the local NDIF, and how it refuses bad input.
+"""``scripts/ndif_feasibility/probe_ndif.py`` end to end against the local NDIF stacks, and how it refuses bad input.
 
 The script runs as a user runs it (a subprocess, no ``NDIF_HOST``), so it finds the session's local
-stack (fixture ``ndif_stack``) and sends the probes through a real nnsight 0.8.1 client inside the
-stack's namespace. Bad input must give a clear message, a recorded outcome and a non-zero exit.
+stacks and sends the probes through real clients inside their namespaces: the 0.8 line against the
+0.8 stack (fixture ``ndif_stack``), and the three 0.7 client lines against the 0.7 stack with a stock
+and with a patched server (fixtures ``ndif07_stock`` / ``ndif07_patched``, which run the script while
+their stack is up). Bad input must give a clear message, a recorded outcome and a non-zero exit.
 
-Not tested: a refused API key. The local ndif 0.1.2 runs with authentication off, so no key is ever
+Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.
 """
 
@@ -30,7 +32,7 @@ model = { panel = "gpt2", repo_id = "openai-community/gpt2", revision = "main" }
 select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
 input = "the big cat sat"
 hook = { "0.7" = "model.transformer.h[0].output", "0.8" = "model.transformer.h[0].output" }
-expect = { main = "ok", patched = "ok", "upstream-0.8" = "ok" }
+expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
 '''
 
 
@@ -116,7 +118,7 @@ model = { panel = "gpt2", repo_id = "nnsight-repro/no-such-model", revision = "m
 select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
 input = "the big cat sat"
 hook = { "0.7" = "model.transformer.h[0].output", "0.8" = "model.transformer.h[0].output" }
-expect = { main = "ok", patched = "ok", "upstream-0.8" = "ok" }
+expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
 
 [[probe]]
 id = "raises-mid-trace"
@@ -126,10 +128,10 @@ model = { panel = "gpt2", repo_id = "openai-community/gpt2", revision = "main" }
 select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
 input = "the big cat sat"
 hook = { "0.7" = "model.transformer.h[0].output[0][0, 0, 0, 0]", "0.8" = "model.transformer.h[0].output[0][0, 0, 0, 0]" }
-expect = { main = "ok", patched = "ok", "upstream-0.8" = "ok" }
+expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
 ''' + CONTROL
     out = tmp / "out"
-    result = run_script("--probes", str(probe_file(tmp, text)), out=out)
+    result = run_script("--probes", str(probe_file(tmp, text)), "--line", "upstream-0.8", out=out)
     (record,) = records(out, "upstream-0.8-")
     return result, {p["id"]: p for p in record["probes"]}
 
@@ -167,9 +169,10 @@ def test_unreachable_host_is_recorded_for_every_probe(tmp_path):
     result = run_script("--host", url, out=tmp_path)
     assert result.returncode == 1
     assert f"NDIF host {url} is unreachable" in result.stdout
-    (record,) = records(tmp_path, "upstream-0.8-")
-    assert {p["observed"]["error"] for p in record["probes"]} == {"HostUnreachable"}
-    assert record["context"]["host"] == url
+    for line in ("main", "patched", "patched-client-only", "upstream-0.8"):  # every client line, each recorded
+        (record,) = records(tmp_path, f"{line}-2")
+        assert {p["observed"]["error"] for p in record["probes"]} == {"HostUnreachable"}, line
+        assert record["context"]["host"] == url
 
 
 def test_malformed_probe_file_is_refused_before_any_request(tmp_path):
@@ -209,13 +212,37 @@ def test_expectation_for_an_unknown_client_line_is_refused(tmp_path):
 def test_unknown_client_line_on_the_command_line_is_refused(tmp_path):
     result = run_script("--line", "nightly", out=tmp_path)
     assert result.returncode == 2
-    assert "unknown client line(s) nightly; client lines: main, patched, upstream-0.8" in result.stderr
+    assert ("unknown client line(s) nightly; client lines: main, patched, patched-client-only, upstream-0.8"
+            in result.stderr)
     assert records(tmp_path, "refused-")
 
 
-@pytest.mark.parametrize("line", ["main", "patched"])
-def test_07_client_lines_name_the_missing_server_generation(tmp_path, line):
-    result = run_script("--line", line, out=tmp_path)
-    assert result.returncode == 3
-    assert "issue 3 phase 2" in result.stderr and line in result.stderr
-    assert not list(tmp_path.glob(f"{line}-*"))
+# The 0.7 client lines against the 0.7 stack (ndif 0.0.1), stock and patched server -----------------
+
+PAIRINGS_07 = [("main", "ndif07_stock"), ("patched-client-only", "ndif07_stock"), ("patched", "ndif07_patched")]
+
+
+@pytest.mark.parametrize("client_line, flavour", PAIRINGS_07)
+def test_07_client_line_observations_match_their_declarations(client_line, flavour, request):
+    probes = request.getfixturevalue(flavour)["probes"]
+    (record,) = probes["records"][client_line]
+    mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
+    assert not mismatched
+    assert probes["returncode"] == 0, probes["stdout"][-3000:] + probes["stderr"][-3000:]
+    assert "ndif 0.0.1" in record["context"]["server_generation"]
+    assert record["context"]["client"]["nnsight"] == "0.7.0"
+
+
+@pytest.mark.parametrize("flavour", ["ndif07_stock", "ndif07_patched"])
+def test_probe_script_uses_a_running_stack_of_the_right_flavour_and_leaves_it_up(flavour, request):
+    probes = request.getfixturevalue(flavour)["probes"]
+    assert probes["stack_still_up"]
+    assert "bringing up" not in probes["stdout"], probes["stdout"][-2000:]
+
+
+def test_patched_client_against_a_stock_server_shows_the_class_name_is_wire_format(ndif07_stock):
+    (record,) = ndif07_stock["probes"]["records"]["patched-client-only"]
+    observed = {p["id"]: p["observed"] for p in record["probes"]}
+    for probe_id in ("bert-causal-path", "bert-masked-lm"):
+        assert "Can't get attribute 'Envoy__Preserved_output'" in observed[probe_id]["message"], observed[probe_id]
+    assert observed["gpt2-decoder-control"]["status"] == "ok"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT
-from nnsight_repro.ndif import config, negative_control, netns, stack
+from nnsight_repro.ndif import config, negative_control, stack
 from nnsight_repro.paths import cache_dir
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
@@ -27,32 +27,16 @@ PRESERVED_CLASS = "Can't get attribute 'Envoy__Preserved_output' on <module 'nns
 ATOL = negative_control.ATOL
 
 
-def _bring_up_and_probe(ndif07_stacks, server):
-    with ndif07_stacks.running(server) as running:
-        result = negative_control.run_pairings(running.cfg)
-        result["status"] = running.status()
-        # A second `up` while this one runs must be refused, naming the running stack.
-        try:
-            stack.up(running.cfg)
-            result["second_up"] = None
-        except stack.StackError as exc:
-            result["second_up"] = str(exc)
-        result["healthy_after_second_up"] = stack.healthy(running.cfg)
-        result["netns"] = running.cfg.netns
-    result["netns_left_after_down"] = netns.exists(result["netns"])
-    return result
+@pytest.fixture(scope="module")
+def stock_server(ndif07_stock):
+    """Every pairing against the stock-nnsight server (tests/ndif_fixture.py); the stack is down again."""
+    return ndif07_stock
 
 
 @pytest.fixture(scope="module")
-def stock_server(ndif07_stacks):
-    """Every pairing against the stock-nnsight server; the stack is down again when this returns."""
-    return _bring_up_and_probe(ndif07_stacks, "stock")
-
-
-@pytest.fixture(scope="module")
-def patched_server(ndif07_stacks):
-    """Every pairing against the patched-nnsight server; the stack is down again when this returns."""
-    return _bring_up_and_probe(ndif07_stacks, "patched")
+def patched_server(ndif07_patched):
+    """Every pairing against the patched-nnsight server (tests/ndif_fixture.py); the stack is down again."""
+    return ndif07_patched
 
 
 def case(result, client, model):

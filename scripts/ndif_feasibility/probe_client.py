@@ -41,17 +41,17 @@ def emit(**event) -> None:
 
 
 def watch_statuses() -> None:
-    """Report every status update the server sends, as it arrives (0.8: every update passes ``note``)."""
+    """Report every status update the server sends, as it arrives (each passes the line's status callback)."""
     from nnsight.intervention.backends.remote import RemoteBackend
 
-    original = RemoteBackend.note
+    original = getattr(RemoteBackend, LINE.status_callback)
 
-    def note(backend, response):
+    def watched(backend, response, *args, **kwargs):
         status = getattr(response.status, "value", response.status)
         emit(event="status", probe=_current_probe, status=str(status))
-        return original(backend, response)
+        return original(backend, response, *args, **kwargs)
 
-    RemoteBackend.note = note
+    setattr(RemoteBackend, LINE.status_callback, watched)
 
 
 class ProbeFailure(Exception):
@@ -85,9 +85,8 @@ def run_status(probe: dict) -> dict:
 
     raw = ndif.status(raw=True)
     deployments = raw.get("deployments", {}) if isinstance(raw, dict) else {}
+    # An empty catalogue is an answer too: ndif 0.0.1 deploys a model on its first request.
     catalogue = sorted({entry.get("model_key") or name for name, entry in deployments.items()})
-    if not catalogue:
-        raise ProbeFailure("EmptyCatalogue", "the server's /status lists no deployment")
     return {"catalogue": catalogue, "note": f"{len(catalogue)} deployment(s)",
             "levels": {entry.get("model_key") or name: entry.get("deployment_level")
                        for name, entry in deployments.items()}}
@@ -133,8 +132,20 @@ def wrapped(probe: dict):
     return model
 
 
+def packages_the_server_lacks(probe: dict):
+    """Required packages the server's /env does not list; None when the server has no /env to ask
+    (ndif 0.0.1), and then the trace itself is the answer."""
+    if not probe.get("requires"):
+        return []
+    try:
+        listed = server_env().get("packages", {})
+    except Exception:
+        return None
+    return [p for p in probe["requires"] if p not in listed]
+
+
 def run_trace(probe: dict) -> dict:
-    missing = [p for p in probe.get("requires", []) if p not in server_env().get("packages", {})]
+    missing = packages_the_server_lacks(probe)
     if missing:
         raise ProbeFailure("MissingServerPackage",
                            f"the server's /env has no {', '.join(missing)}; the model cannot be built there")
@@ -190,6 +201,11 @@ def main() -> int:
 
     torch.set_num_threads(1)
     probes = json.load(sys.stdin)
+    # Before nnsight (as the check routine does): 0.7.0 mounts ``save`` on every object, and the typed
+    # hub classes multimolecule's imports define then refuse to be created.
+    for probe in probes:
+        if "model" in probe:
+            models.import_requirements(models.get(probe["model"]["panel"]))
     sys.stdout = sys.stderr
     watch_statuses()
     for probe in probes:

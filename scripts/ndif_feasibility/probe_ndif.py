@@ -1,6 +1,6 @@
 """Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.
 
-    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line upstream-0.8[,main,...]]
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line main,patched,...]
                                                    [--host URL] [--out DIR]
 
 The probes (``probes.toml`` beside this file) are validated before any request: an unknown field, a
@@ -11,12 +11,20 @@ every observation is compared with the probe's expectation for that line, a fina
 one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside it.
 Exit 0 only when every observation matched.
 
+Client lines (:data:`CLIENT_LINES`, default: all) are pairings of a client and the local server that
+serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
+``patched-client-only`` (the series on the client, a stock 0.7.0 server: the memoized class name is part
+of the wire format) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
+
 Host: ``--host``, else ``NDIF_HOST`` (with ``NDIF_API_KEY``, as nnsight reads them); with neither, the
-project's local NDIF, brought up if it is not running and brought down afterwards if this script
-brought it up. An unreachable host is recorded as every probe's outcome (exit 1).
+project's local NDIF stack each client line pairs with (the 0.7-line stack with a stock or patched
+server, the 0.8-line stack), brought up if it is not running and brought down afterwards if this script
+brought it up. An unreachable host, or a local stack that does not come up, is recorded as every
+probe's outcome (exit 1). A given host serves every client line as it is; the expectations are those of
+the local pairings.
 
 This runner knows nothing about any single probe: what a probe does is its ``kind``, handled by
-:mod:`probe_client`. Which server generation serves which client line is :data:`CLIENT_LINES`.
+:mod:`probe_client`.
 """
 
 from __future__ import annotations
@@ -52,20 +60,35 @@ DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
 
 @dataclass(frozen=True)
 class ClientLine:
+    #: The client's environment (its nnsight).
     env: str
-    #: The local server generation that serves this client line, and whether it exists yet.
+    #: The local stack generation that serves it (by the nnsight line it speaks), and the nnsight its
+    #: server runs: ``stock`` (the release) or ``patched`` (the project's build of the series).
+    stack: str
     server: str
-    available: bool
+    #: What the pairing shows, for the results.
+    shows: str
 
 
 CLIENT_LINES: Dict[str, ClientLine] = {
-    "main": ClientLine("main", "the 0.7-line NDIF server (ndif 0.0.1 + backports, stock nnsight 0.7.0)", False),
-    "patched": ClientLine("patched", "the 0.7-line NDIF server (ndif 0.0.1 + backports, stock nnsight 0.7.0)",
-                          False),
-    "upstream-0.8": ClientLine("upstream-0.8", "ndif 0.1.2 (nnsight 0.8.1)", True),
+    "main": ClientLine("main", "0.7", "stock", "nnsight 0.7.0 as released on both sides (what NDIF users run)"),
+    "patched": ClientLine("patched", "0.7", "patched", "the series on both sides"),
+    # The memoized class travels by reference, so its name is part of the wire format: a stock server
+    # has no such name to load.
+    "patched-client-only": ClientLine("patched", "0.7", "stock",
+                                      "the series on the client only, against a stock nnsight 0.7.0 server"),
+    "upstream-0.8": ClientLine("upstream-0.8", "0.8", "stock", "nnsight 0.8.1 against ndif 0.1.2"),
 }
-MISSING_GENERATION = ("the local server generation for client line {line!r} ({server}) does not exist yet "
-                      "(issue 3 phase 2); nothing is run for it rather than faking a result")
+
+
+def server_generation(client_line: str) -> str:
+    from nnsight_repro.ndif import config
+
+    line = CLIENT_LINES[client_line]
+    generation = config.generation(line.stack)
+    nnsight = {"stock": "its stock nnsight", "patched": "the project's patched nnsight"}[line.server]
+    return f"local ndif {generation.ndif} ({line.stack}-line stack) with {nnsight}"
+
 
 KINDS = {
     "status": {"required": set(), "optional": set()},
@@ -75,9 +98,8 @@ KINDS = {
 COMMON = {"id", "isolates", "kind", "expect"}
 MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
 
-# Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input;
-# 3 a client line whose server generation does not exist.
-EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_NO_SERVER = 1, 2, 3
+# Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input.
+EXIT_MISMATCH, EXIT_BAD_INPUT = 1, 2
 
 
 class ProbeFileError(Exception):
@@ -155,8 +177,9 @@ def validate_trace(name: str, probe: dict) -> None:
     unknown = set(model) - MODEL_FIELDS
     if unknown:
         raise ProbeFileError(f"{name}: unknown model field(s) {', '.join(sorted(unknown))}")
-    if model["panel"] not in models.PANEL:
-        raise ProbeFileError(f"{name}: panel model {model['panel']!r} is not in the panel ({', '.join(models.PANEL)})")
+    known = models.extended()
+    if model["panel"] not in known:
+        raise ProbeFileError(f"{name}: panel model {model['panel']!r} is not in the panel ({', '.join(known)})")
     if model.get("key", "local") not in ("local", "hub"):
         raise ProbeFileError(f"{name}: model.key must be \"local\" or \"hub\"")
     for field in ("select", "hook"):
@@ -214,8 +237,9 @@ def parse_lines(text: str) -> List[str]:
 def matches(expected, observed: dict) -> bool:
     if expected == "ok":
         return observed.get("status") == "ok"
+    # The fragment matches regardless of case: ndif 0.0.1 lowercases the exception text it relays.
     return (observed.get("status") == "error" and observed.get("error") == expected["error"]
-            and expected["message"] in (observed.get("message") or ""))
+            and expected["message"].lower() in (observed.get("message") or "").lower())
 
 
 def headline(observed: dict, width: int = 160) -> str:
@@ -272,19 +296,60 @@ class Host:
             return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 
-def local_host(say) -> Tuple[Host, bool]:
-    """The project's local NDIF; (host, whether this call brought it up)."""
-    from nnsight_repro.ndif import config, netns, stack
+class LocalStacks:
+    """The project's local NDIF stacks, one per client line's pairing; brings down what it brought up.
 
-    cfg = config.default()
-    if stack.healthy(cfg):
-        return Host(cfg.api_url, None, cfg), False
-    if netns.exists(cfg.netns):
-        say("the local NDIF stack is unhealthy; replacing it")
-        stack.down(cfg)
-    say("bringing up the local NDIF stack (nnsight_repro.ndif.stack)")
-    stack.up(cfg)
-    return Host(cfg.api_url, None, cfg), True
+    One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
+    server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
+    stack comes up once.
+    """
+
+    def __init__(self, say):
+        self.say, self.ours = say, {}
+
+    def host(self, client_line: str) -> Host:
+        from nnsight_repro.ndif import config, netns, stack
+
+        line = CLIENT_LINES[client_line]
+        cfg = config.default(line=line.stack, server=line.server)
+        running = stack.read_state(cfg) or {}
+        if stack.healthy(cfg) and running.get("server", "stock") == line.server:
+            return Host(cfg.api_url, None, cfg)
+        if netns.exists(cfg.netns):
+            why = ("unhealthy" if not stack.healthy(cfg) else
+                   f"running {running.get('server', 'stock')} nnsight, and {client_line} needs {line.server}")
+            self.say(f"the local {line.stack} stack is {why}; replacing it")
+            stack.down(cfg)
+        self.say(f"bringing up {server_generation(client_line)} (nnsight_repro.ndif.stack)")
+        stack.up(cfg)
+        self.ours[cfg.netns] = cfg
+        return Host(cfg.api_url, None, cfg)
+
+    def down(self) -> None:
+        from nnsight_repro.ndif import netns, stack
+
+        for cfg in self.ours.values():
+            if netns.exists(cfg.netns):
+                self.say(f"bringing the local {cfg.line} stack down (this run brought it up)")
+                stack.down(cfg)
+
+
+def local_server(host: Host) -> Optional[dict]:
+    if host.local_cfg is None:
+        return None
+    from nnsight_repro.ndif import stack
+
+    state = stack.read_state(host.local_cfg) or {}
+    return {"ndif": state.get("ndif"), "line": state.get("line"), "server": state.get("server"),
+            "nnsight": state.get("server_nnsight"), "netns": state.get("netns")}
+
+
+def serving_order(chosen: List[str]) -> List[str]:
+    """Client lines grouped by the stack that serves them, so each local stack comes up once."""
+    first_seen = {}
+    for name in chosen:
+        first_seen.setdefault((CLIENT_LINES[name].stack, CLIENT_LINES[name].server), len(first_seen))
+    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].stack, CLIENT_LINES[n].server)])
 
 
 # Running ---------------------------------------------------------------------------------------------
@@ -364,6 +429,7 @@ def markdown(record: dict) -> str:
     out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
            f"- date: {ctx['date']}", f"- command: `{ctx['command']}`",
            f"- host: {ctx['host']} ({ctx['host_kind']}; server generation: {ctx['server_generation']})",
+           f"- local server: {json.dumps(ctx.get('local_server'))}",
            f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
            f"- all matched: **{record['all_matched']}**", "",
            "| probe | isolates | expected | observed | match | s |", "|---|---|---|---|---|---|"]
@@ -378,7 +444,8 @@ def markdown(record: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="probe_ndif.py", description=__doc__.splitlines()[0])
     parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
-    parser.add_argument("--line", default="upstream-0.8", help=f"client line(s), comma-separated: {', '.join(CLIENT_LINES)}")
+    parser.add_argument("--line", default=",".join(CLIENT_LINES),
+                        help=f"client line(s), comma-separated (default: all): {', '.join(CLIENT_LINES)}")
     parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -403,27 +470,27 @@ def main(argv=None) -> int:
         probes = load_probes(args.probes)
     except ProbeFileError as exc:
         return refuse(str(exc), EXIT_BAD_INPUT)
-    absent = [c for c in chosen if not CLIENT_LINES[c].available]
-    if absent:
-        return refuse("; ".join(MISSING_GENERATION.format(line=c, server=CLIENT_LINES[c].server) for c in absent),
-                      EXIT_NO_SERVER)
 
     url = args.host or os.environ.get("NDIF_HOST")
     api_key = os.environ.get("NDIF_API_KEY")
-    brought_up = False
-    if url:
-        host = Host(url, api_key)
-    else:
-        host, brought_up = local_host(say)
+    given = Host(url, api_key) if url else None
+    local = LocalStacks(say)
     exit_code = 0
     try:
-        for client_line in chosen:
-            say(f"client line {client_line} -> {host.url} ({host.kind})")
+        for client_line in serving_order(chosen):
             started = time.perf_counter()
-            why = host.reachable()
+            try:
+                host = given or local.host(client_line)
+            except Exception as exc:  # the local stack did not come up: that is every probe's outcome
+                host = Host("(local NDIF stack)", None)
+                why = f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}"
+            else:
+                why = host.reachable()
+                why = why and f"NDIF host {host.url} is unreachable: {why}"
+            say(f"client line {client_line} ({CLIENT_LINES[client_line].shows}) -> {host.url} ({host.kind})")
             if why:
-                say(f"NDIF host {host.url} is unreachable: {why}")
-                observed, context = unreachable(probes, f"NDIF host {host.url} is unreachable: {why}"), {}
+                say(why)
+                observed, context = unreachable(probes, why), {}
             else:
                 observed, context = run_line(client_line, probes, host, say)
             rows = []
@@ -438,7 +505,10 @@ def main(argv=None) -> int:
                 "context": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                             "command": command, "host": host.url, "host_kind": host.kind,
                             "api_key_given": bool(host.api_key), "machine": socket.gethostname(),
-                            "server_generation": CLIENT_LINES[client_line].server if host.local_cfg else "as the host reports",
+                            "pairing": CLIENT_LINES[client_line].shows,
+                            "server_generation": server_generation(client_line) if not given else "as the host reports",
+                            # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
+                            "local_server": local_server(host),
                             "probe_file": str(args.probes), **context},
             }
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -450,10 +520,7 @@ def main(argv=None) -> int:
             if not all_matched:
                 exit_code = EXIT_MISMATCH
     finally:
-        if brought_up:
-            from nnsight_repro.ndif import stack
-            say("bringing the local NDIF stack down (this run brought it up)")
-            stack.down(host.local_cfg)
+        local.down()
     return exit_code
 
 
