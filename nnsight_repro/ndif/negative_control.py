@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -77,7 +78,8 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
         result["timings"] = {**state["timings"],
                              "cold_start_to_first_trace_s": round(record["done_epoch"] - state["cold_start_epoch"], 2),
                              # The first request deploys GPT-2 (0.0.1 deploys on first request).
-                             "first_request_s": record["request_s"]}
+                             "first_request_s": record["request_s"],
+                             "warm_gpt2": warm_overhead(cfg, say)}
         return result
     finally:
         process = first.get("process")
@@ -85,6 +87,22 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
             process.kill()
             process.wait()
         stack.down(cfg, say=say)
+
+
+#: Warm traces timed per side for the overhead ratio (after one untimed warm-up of each).
+WARM_REPEATS = 10
+
+
+def warm_overhead(cfg: config.StackConfig, say: Callable[[str], None] = _say) -> dict:
+    """The same GPT-2 trace, remote and local, in one stock-client process: medians and remote/local."""
+    case = f"timing:gpt2:{WARM_REPEATS}"
+    say(f"main client against the {cfg.server} server: {case}")
+    record = stack.run_client(cfg, [case], client="main")[case]
+    if not record.get("ok"):
+        return record
+    remote, local = statistics.median(record["remote_s"]), statistics.median(record["local_s"])
+    return {"ok": True, "repeats": WARM_REPEATS, "remote_median_s": round(remote, 4),
+            "local_median_s": round(local, 4), "remote_over_local": round(remote / local, 1)}
 
 
 _VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
@@ -172,7 +190,10 @@ def main(argv=None) -> int:
         built = f"  [server built {row['server_built']}]" if row.get("server_built") else ""
         print(f"{row['server']:8} server, {row['client']:8} client, {row['case']:20} {row['outcome'][:110]}{built}")
     for server, timings in report["timings"].items():
-        print(f"{server} server: cold start to first remote trace {timings['cold_start_to_first_trace_s']} s")
+        warm = timings.get("warm_gpt2") or {}
+        overhead = (f"; warm GPT-2 trace remote/local {warm['remote_over_local']}x "
+                    f"({warm['remote_median_s']} s / {warm['local_median_s']} s)" if warm.get("ok") else "")
+        print(f"{server} server: cold start to first remote trace {timings['cold_start_to_first_trace_s']} s{overhead}")
     print(f"wrote {path}")
     return 0
 
