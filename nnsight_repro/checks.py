@@ -47,6 +47,11 @@ EXTRA_CHECKS: List[str] = ["rebuild_without_package"]
 PANEL_ALIASES = {"panel": lambda: list(models.PANEL), "rna": lambda: list(models.extended())[len(models.PANEL):],
                  "all": lambda: list(models.extended())}
 
+
+def expand_models(names: List[str]) -> List[str]:
+    """Model names with each panel alias (``panel``, ``rna``, ``all``) replaced by the models it stands for."""
+    return [n for name in names if name for n in (PANEL_ALIASES[name]() if name in PANEL_ALIASES else [name])]
+
 #: Checks that fail on nnsight 0.7.0 exactly when a layer has an ``output`` submodule (the envoy bug).
 ENVOY_CHECKS = ("synthesized_classes", "serializer_round_trip", "remote_local")
 #: Checks that fail on nnsight 0.7.0 exactly when a server must rebuild a class its key cannot name (the key bug).
@@ -411,8 +416,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the JSON record here instead of stdout")
     args = parser.parse_args(argv)
     try:
-        names = [n for part in args.models.split(",") for n in (PANEL_ALIASES[part]() if part in PANEL_ALIASES else [part])]
-        record = run(names, args.checks.split(","))
+        record = run(expand_models(args.models.split(",")), args.checks.split(","))
     except ValueError as exc:
         parser.error(str(exc))
     text = json.dumps(record, indent=1)

@@ -57,8 +57,7 @@ def selection(models: Optional[Sequence[str]] = None,
     environment is touched."""
     from . import checks as routine
 
-    named = [n for m in (models or []) if m for n in (routine.PANEL_ALIASES[m]() if m in routine.PANEL_ALIASES else [m])]
-    chosen_models = named or list(routine.models.extended())
+    chosen_models = routine.expand_models(list(models or [])) or list(routine.models.extended())
     chosen_checks = [c for c in (checks or []) if c] or routine.CHECKS + routine.EXTRA_CHECKS
     try:
         routine.validate(chosen_models, chosen_checks)
@@ -148,12 +147,6 @@ def record_in(env: envs.Env, models: Optional[List[str]] = None, checks: Optiona
 def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:
     """The check routine's JSON record from inside the cached environment ``env_name`` (which must be built)."""
     return record_in(envs.ensure(env_name, build=False), models, checks)
-
-
-def records(env_names: List[str], models=None, checks=None) -> Dict[str, dict]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(record, name, models, checks) for name in env_names}
-        return {name: future.result() for name, future in futures.items()}
 
 
 def records_keeping_going(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:

@@ -1,7 +1,7 @@
 """The local NDIF stacks as pytest fixtures, shared by every remote test (loaded from conftest.py).
 
-``ndif_stack``: the 0.8 stack (ndif 0.1.2). ``ndif07_stacks``: the 0.7 stack (ndif 0.0.1), one server
-flavour at a time (see its docstring). ``ndif07_stock`` / ``ndif07_patched``: everything the session asks
+``ndif_stack``: the 0.8 stack (ndif 0.1.2). ``ndif07_stock`` / ``ndif07_patched``: the 0.7 stack (ndif
+0.0.1) with a stock or a patched server nnsight, and everything the session asks
 of each 0.7 flavour — the negative-control pairings and the probe script's client lines that flavour
 serves — done in one cold start each, because a 0.7 stack takes a minute or more to come up.
 
@@ -41,15 +41,13 @@ class NdifStack:
         return stack.status(self.cfg)
 
 
-@pytest.fixture(scope="session")
-def ndif_stack():
-    """The session's local NDIF stack (see the module docstring): ``.cfg``, ``.state``, ``.run(cases)``."""
-    from nnsight_repro.ndif import config, netns, stack
+@contextlib.contextmanager
+def cold_stack(cfg):
+    """The stack of ``cfg`` brought up from nothing (a leftover in this cache's namespace, healthy or not,
+    is stopped first) and always brought down on leaving. A failure to come up raises: the tests using
+    it fail with the reason, they never skip."""
+    from nnsight_repro.ndif import netns, stack
 
-    cfg = config.default()
-    if stack.healthy(cfg):
-        yield NdifStack(cfg, stack.read_state(cfg), owned=False)
-        return
     if netns.exists(cfg.netns):
         stack.down(cfg)
     state = stack.up(cfg)
@@ -59,40 +57,25 @@ def ndif_stack():
         stack.down(cfg)
 
 
-class Ndif07Stacks:
-    """The 0.7 stack, one server flavour at a time: ``with stacks.running("stock") as s: ...``.
-
-    Each ``running`` brings a stack up cold (a leftover 0.7 stack in this cache's namespace, of either
-    flavour, is stopped first) and always brings it down on leaving, so a session that runs both
-    flavours starts exactly two stacks, one after the other. A failure to come up raises: the tests
-    using it fail with the reason, they never skip.
-    """
-
-    @contextlib.contextmanager
-    def running(self, server: str):
-        from nnsight_repro.ndif import config, netns, stack
-
-        cfg = config.default(line="0.7", server=server)
-        if netns.exists(cfg.netns):
-            stack.down(cfg)
-        state = stack.up(cfg)
-        try:
-            yield NdifStack(cfg, state, owned=True)
-        finally:
-            stack.down(cfg)
-
-
 @pytest.fixture(scope="session")
-def ndif07_stacks():
-    """Brings up the 0.7 stack (ndif 0.0.1) per server flavour: see :class:`Ndif07Stacks`."""
-    return Ndif07Stacks()
+def ndif_stack():
+    """The session's local NDIF stack (see the module docstring): ``.cfg``, ``.state``, ``.run(cases)``."""
+    from nnsight_repro.ndif import config, stack
+
+    cfg = config.default()
+    if stack.healthy(cfg):
+        yield NdifStack(cfg, stack.read_state(cfg), owned=False)
+        return
+    with cold_stack(cfg) as running:
+        yield running
 
 
-def _everything_against_07(stacks: Ndif07Stacks, server: str, out) -> dict:
+def _everything_against_07(server: str, out) -> dict:
     """The negative-control pairings, a second ``up`` (refused), and the probe script's client lines
-    served by ``server``, all while one cold stack of that flavour runs; the stack is down on return."""
+    served by ``server``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
+    so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from nnsight_repro import ROOT
-    from nnsight_repro.ndif import negative_control, netns, stack
+    from nnsight_repro.ndif import config, negative_control, netns, stack
 
     probe_ndif = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
     sys.path.insert(0, str(probe_ndif.parent))
@@ -101,7 +84,7 @@ def _everything_against_07(stacks: Ndif07Stacks, server: str, out) -> dict:
     finally:
         sys.path.remove(str(probe_ndif.parent))
     client_lines = [name for name, line in runner.CLIENT_LINES.items() if line.stack == "0.7" and line.server == server]
-    with stacks.running(server) as running:
+    with cold_stack(config.default(line="0.7", server=server)) as running:
         result = negative_control.run_pairings(running.cfg)
         result["status"] = running.status()
         try:
@@ -124,10 +107,10 @@ def _everything_against_07(stacks: Ndif07Stacks, server: str, out) -> dict:
 
 
 @pytest.fixture(scope="session")
-def ndif07_stock(ndif07_stacks, tmp_path_factory):
-    return _everything_against_07(ndif07_stacks, "stock", tmp_path_factory.mktemp("probes-07-stock"))
+def ndif07_stock(tmp_path_factory):
+    return _everything_against_07("stock", tmp_path_factory.mktemp("probes-07-stock"))
 
 
 @pytest.fixture(scope="session")
-def ndif07_patched(ndif07_stacks, tmp_path_factory):
-    return _everything_against_07(ndif07_stacks, "patched", tmp_path_factory.mktemp("probes-07-patched"))
+def ndif07_patched(tmp_path_factory):
+    return _everything_against_07("patched", tmp_path_factory.mktemp("probes-07-patched"))

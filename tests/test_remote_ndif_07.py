@@ -4,7 +4,7 @@ The server is the 0.7 stack: PyPI ``ndif`` 0.0.1 plus the backports in
 ``nnsight_repro/ndif/adaptations_0_0_1.py`` (not the server production ran for 0.7.0), with stock
 nnsight 0.7.0 or the project's ``patched`` build on the server. The clients are the ``main`` (stock
 0.7.0) and ``patched`` environments, run inside the stack's namespace. One stack per server flavour
-per session, brought up cold and down again before the next (fixture ``ndif07_stacks``); every
+per session, brought up cold and down again before the next (fixtures ``ndif07_stock`` / ``ndif07_patched``); every
 pairing's cases run in :func:`nnsight_repro.ndif.negative_control.run_pairings`, the same code that
 writes ``results/ndif_0.7/negative_control.json``. Which class the server built for a key is read from
 the model actors' own records (``logs/built.jsonl``), not inferred. A stack that cannot come up makes
