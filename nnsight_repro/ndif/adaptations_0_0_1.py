@@ -116,8 +116,9 @@ def _alias_nnsight_error(module) -> None:
 # 0.0.1's /status sets the Redis key `status:requested` (NX, no expiry) and adds a trigger to a stream
 # that the dispatcher reads from "$". A trigger sent before the dispatcher listens (it first waits
 # 30-70 s for its Ray connection) is lost, the key is never deleted, and every later /status waits for
-# an answer that never comes. Inside the dispatcher, a companion task gives that key a short expiry,
-# so a lost trigger delays /status by seconds instead of forever.
+# an answer that never comes. The dispatcher forgets such a request as it starts (its trigger was sent
+# before it listened), so the next /status triggers again; a companion task gives the key a short
+# expiry, for a trigger lost in the moment between that and the dispatcher's first read.
 
 STATUS_REQUEST_EXPIRY_S = 3
 
@@ -139,6 +140,7 @@ def _unwedge_status(module) -> None:
             await asyncio.sleep(1.0)
 
     async def dispatch_worker(self):
+        await self.redis_client.delete("status:requested")
         asyncio.create_task(expire_status_requests(self.redis_client))
         return await original(self)
 

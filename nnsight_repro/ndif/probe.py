@@ -3,7 +3,8 @@
 The host cannot reach the namespace's loopback, so ``stack`` runs this file there (as a script, with
 whatever Python runs the project: it needs only the standard library and imports nothing of ours):
 
-    probe.py get URL [URL ...]   -> {"URL": {"status": 200, "body": "..."} | {"error": "..."}}
+    probe.py get [--timeout S] URL [URL ...]
+                                 -> {"URL": {"status": 200, "body": "..."} | {"error": "..."}}
     probe.py ports PORT [...]    -> {"PORT": "listening" | "free"}
 """
 
@@ -33,7 +34,10 @@ def port_state(port: int) -> str:
 def main(argv) -> int:
     action, *args = argv
     if action == "get":
-        print(json.dumps({url: get(url) for url in args}))
+        timeout = 5.0
+        if args[:1] == ["--timeout"]:
+            timeout, args = float(args[1]), args[2:]
+        print(json.dumps({url: get(url, timeout) for url in args}))
     elif action == "ports":
         print(json.dumps({port: port_state(int(port)) for port in args}))
     else:

@@ -103,13 +103,13 @@ def probe(cfg: configuration.StackConfig, *args: str, timeout: float = 20.0) -> 
     return json.loads(result.stdout)
 
 
-def http_get(cfg: configuration.StackConfig, path: str) -> dict:
-    return probe(cfg, "get", cfg.api_url + path)[cfg.api_url + path]
+def http_get(cfg: configuration.StackConfig, path: str, timeout: float = 5.0) -> dict:
+    return probe(cfg, "get", "--timeout", str(timeout), cfg.api_url + path)[cfg.api_url + path]
 
 
-def api_status(cfg: configuration.StackConfig) -> Optional[dict]:
-    """The API's ``/status`` as JSON, or None while it cannot give one."""
-    answer = http_get(cfg, "/status")
+def api_status(cfg: configuration.StackConfig, timeout: float = 5.0) -> Optional[dict]:
+    """The API's ``/status`` as JSON, or None while it cannot give one (within ``timeout``)."""
+    answer = http_get(cfg, "/status", timeout)
     if answer.get("status") != 200:
         return None
     try:
@@ -125,6 +125,17 @@ def deployment_levels(status: dict) -> Dict[str, dict]:
         key = entry.get("model_key") or name.split(":ModelActor:", 1)[-1]
         levels[key] = {"level": entry.get("deployment_level"), "state": entry.get("application_state")}
     return levels
+
+
+#: What ``ray start`` prints once the head runs (in the ray service's log).
+RAY_STARTED = "Ray runtime started."
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _log_tail(path: Path, lines: int = 12) -> str:
@@ -214,8 +225,11 @@ def _prepare_python_path(cfg: configuration.StackConfig, env: envs.Env) -> dict:
         for target in links:
             os.symlink(target, folder / target.name)
         expected = patched.path
-    code = ("import importlib.metadata as m, os, sys, nnsight, json\n"
-            "print(json.dumps({'nnsight': m.version('nnsight'), 'file': os.path.realpath(nnsight.__file__),"
+    # Resolved, not imported: the same lookup an import makes, without nnsight's ~5 s of torch and
+    # transformers imports (on two cores they would delay every service that starts after it).
+    code = ("import importlib.metadata as m, importlib.util, os, sys, json\n"
+            "spec = importlib.util.find_spec('nnsight')\n"
+            "print(json.dumps({'nnsight': m.version('nnsight'), 'file': os.path.realpath(spec.origin),"
             " 'adaptations': any(type(f).__name__ == '_AdaptingFinder' for f in sys.meta_path)}))")
     result = subprocess.run([str(env.python), "-c", code], env=cfg.environ(env.path / "venv" / "bin", role="ray"),
                             capture_output=True, text=True, timeout=120)
@@ -327,24 +341,34 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             venv_bin = env.path / "venv" / "bin"
             service_env = cfg.environ(venv_bin, role="api") if cfg.line == "0.7" else cfg.environ(venv_bin)
             by_name = {s.name: s for s in services}
-            for name in ("redis", "s3"):
-                by_name[name].start(cfg, service_env)
-            _wait("Redis and the S3 store to listen",
-                  lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
-                  services[:2], 30, interval=0.2)
-            # ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model actors load
-            # while the API is still coming up, and no deploy client has to connect to Ray.
+            # Ray first: its head, then the controller, then the controller actor is the longest chain
+            # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
+            # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
+            # actors load while the API is still coming up, and no deploy client has to connect to Ray.
             if cfg.line == "0.7":
                 by_name["ray"].start(cfg, cfg.environ(venv_bin, role="ray"))
             else:
                 by_name["ray"].start(cfg, {**service_env, "NDIF_DEPLOYMENTS": "|".join(state["models"].values())})
+            for name in ("redis", "s3"):
+                by_name[name].start(cfg, service_env)
+            # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
+            # client server as soon as that port listens. A Ray client that connects before the head has
+            # finished starting can wait ~45 s for a server that failed to start (measured): the API
+            # starts once `ray start` has said it is done.
+            _wait("Redis and the S3 store to listen",
+                  lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
+                  [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2)
+            _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
+                  cfg.start_timeout, interval=0.2)
             by_name["api"].start(cfg, service_env)
             state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
             _write_state(cfg, state)
             say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
+            # Short calls: ndif 0.0.1 answers a /status asked before its dispatcher listens never (see
+            # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
             _wait("the API to connect to Ray and the controller to list the node",
-                  lambda: (api_status(cfg) or {}).get("cluster", {}).get("nodes"), services, cfg.start_timeout,
-                  interval=0.5)
+                  lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
+                  cfg.start_timeout, interval=0.5)
             timings["services_s"] = round(time.monotonic() - t_cold, 2)
             say(f"services up in {timings['services_s']} s")
             if minted:
