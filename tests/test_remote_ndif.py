@@ -149,6 +149,32 @@ def test_colliding_ports_are_refused_before_anything_starts():
         config.StackConfig(folder=Path("/tmp/nnsr-unused"), redis_port=7000, s3_port=7000).validate()
 
 
+def client_like(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ready_client_is_waited_for_past_its_other_stderr_lines():
+    process = client_like(f"import sys, time\nprint('a warning', file=sys.stderr)\n"
+                          f"print({stack.CLIENT_READY!r}, file=sys.stderr, flush=True)\n"
+                          f"print('after', file=sys.stderr)\nprint('{{}}')")
+    stack.wait_ready(process, timeout=30)
+    stdout, stderr = process.communicate(timeout=30)
+    assert stdout.strip() == "{}" and "after" in stderr
+
+
+def test_client_that_exits_before_it_is_ready_is_named_with_its_stderr():
+    process = client_like("import sys; print('ImportError: no nnsight here', file=sys.stderr); sys.exit(3)")
+    with pytest.raises(stack.StackError, match=r"(?s)exited \(code 3\) before it was ready.*no nnsight here"):
+        stack.wait_ready(process, timeout=30)
+
+
+def test_client_never_ready_is_killed_after_the_timeout():
+    process = client_like("import time; time.sleep(60)")
+    with pytest.raises(stack.StackError, match="not ready after 1 s"):
+        stack.wait_ready(process, timeout=1)
+    assert process.poll() is not None
+
+
 @pytest.fixture
 def scratch_stack():
     """A second stack's settings, in its own short folder (Ray's socket paths) and namespace."""
@@ -157,6 +183,7 @@ def scratch_stack():
     stack.down(cfg, say=lambda m: None)
     assert not netns.exists(cfg.netns)
     shutil.rmtree(cfg.folder, ignore_errors=True)
+    shutil.rmtree(cfg.ray_temp, ignore_errors=True)  # outside the folder: a short path (Ray's sockets)
 
 
 def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
@@ -177,7 +204,7 @@ def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
 
 
 def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scratch_stack):
-    # Ray's start script cannot create its temp dir: the ray service exits right after redis and S3 started.
+    # Ray's start script cannot create its temp dir: the ray service exits as the stack starts.
     cfg = config.StackConfig(folder=scratch_stack.folder, extra_env={"NDIF_RAY_TEMP_DIR": "/proc/nnsr-no-such-dir"})
     with pytest.raises(stack.StackError, match=r"(?s)ray exited with code 1 during start.*ray\.log"):
         stack.up(cfg, models=[])

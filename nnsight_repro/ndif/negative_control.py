@@ -5,8 +5,8 @@ stack (ndif 0.0.1) with a stock and with a patched nnsight on the server.
 one after the other (each brought down before the next comes up), runs every pairing's client cases in
 the namespace, reads what the server built from the model actors' own records (``logs/built.jsonl``),
 and writes ``DIR/negative_control.json``: the command, host, date, client and server versions, each
-pairing's outcome, and each stack's cold start to first remote trace (a GPT-2 client started as the
-namespace appears, waiting for the stack as a user's script would).
+pairing's outcome, and each stack's cold start to first remote trace (a GPT-2 client ready before the
+server starts, waiting for the stack as a user's script would).
 
 The tests (``tests/test_remote_ndif_07.py``) run the same pairings through :func:`run_pairings`.
 
@@ -66,8 +66,8 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
     first = {}
 
     def start_first_client(running_cfg):
-        # Started as the namespace appears, so the client's interpreter start overlaps the server's.
-        first["process"] = stack.start_client(running_cfg, ["first:gpt2"], client="main")
+        # Ready (imported, model wrapped) before the server starts, as in benchmarks/bench_ndif.py.
+        first["process"] = stack.start_client(running_cfg, ["first:gpt2"], client="main", ready=True)
 
     try:
         state = stack.up(cfg, on_namespace=start_first_client, say=say)
@@ -115,7 +115,7 @@ _VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
              "print(json.dumps(found))")
 
 
-def _versions(env: envs.Env) -> dict:
+def env_versions(env: envs.Env) -> dict:
     """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
     result = env.run(["-c", _VERSIONS], timeout=300)
     if result.returncode:
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         return 2
     # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
     server = server_env.ensure(build=False, line="0.7")
-    server_packages = _versions(server)
+    server_packages = env_versions(server)
     report = {
         "command": " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
         "started": started,
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                    "nnsight": {server: results[server]["server_nnsight"] for server in results},
                    "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
                            "not the server production ran for nnsight 0.7.0"},
-        "clients": {name: _versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+        "clients": {name: env_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
         "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),

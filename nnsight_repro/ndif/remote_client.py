@@ -199,6 +199,8 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
 
     s = subject(name)
     key = s.model.to_model_key()
+    # Imports done, model wrapped: what stack.start_client(ready=True) waits for (stack.CLIENT_READY).
+    print("remote_client: ready", file=sys.stderr, flush=True)
     deadline = time.time() + timeout
     polls = 0
     while True:

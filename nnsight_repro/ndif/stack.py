@@ -41,6 +41,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -274,9 +275,10 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
        on_namespace: Optional[Callable[[configuration.StackConfig], None]] = None) -> dict:
     """Bring the stack up and deploy ``models`` (default: :data:`deploy.SERVED`); the state written.
 
-    ``on_namespace`` is called once the namespace exists, before any service starts: the benchmark
-    starts its client there, so the client's interpreter start overlaps the server's, as for a user
-    whose Python is already running.
+    ``on_namespace`` is called once the namespace exists, before any service starts and before the
+    cold start's clock (``state["cold_start_epoch"]``) starts: the benchmark starts its client there
+    and waits until it is ready (:func:`start_client` ``ready=True``), as for a user whose script has
+    imported nnsight and wrapped its model by the time the server starts.
     """
     cfg = cfg or configuration.default()
     if cfg.line == "0.7":
@@ -312,7 +314,6 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         t_mint = time.monotonic()
         minted = deploy.minted(models, cfg.folder / "minted.json") if models else {}
         timings["keys_s"] = round(time.monotonic() - t_mint, 2)
-        t_cold = time.monotonic()
         # A cold start: nothing of a previous run survives but nothing else is touched.
         for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
             shutil.rmtree(folder, ignore_errors=True)
@@ -326,16 +327,21 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
                  "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
                  "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server,
-                 "ndif": cfg.generation.ndif, "cold_start_epoch": time.time()}
+                 "ndif": cfg.generation.ndif}
         if cfg.line == "0.7":
             # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
             (cfg.folder / "hf_home" / "hub").mkdir()
-            state["server_nnsight"] = _prepare_python_path(cfg, env)
         try:
             netns.create(cfg.netns)
             _write_state(cfg, state)
             if on_namespace is not None:
                 on_namespace(cfg)
+            # The cold start counts from here: the namespace exists (and whatever the caller started in
+            # it is ready), nothing of the server runs yet.
+            t_cold = time.monotonic()
+            state["cold_start_epoch"] = time.time()
+            if cfg.line == "0.7":
+                state["server_nnsight"] = _prepare_python_path(cfg, env)
             services = _services(cfg, env)
             ensure_ports_free(cfg, services)
             venv_bin = env.path / "venv" / "bin"
@@ -530,9 +536,14 @@ def client_command(cfg: configuration.StackConfig, env: envs.Env, args: List[str
     return netns.command(cfg.netns, [str(env.python), *args])
 
 
-def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optional[str] = None) -> subprocess.Popen:
+def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optional[str] = None,
+                 ready: bool = False, ready_timeout: float = 300) -> subprocess.Popen:
     """:mod:`remote_client` cases, started in a client environment (default: the generation's first,
-    ``upstream-0.8`` for the 0.8 stack) inside the namespace."""
+    ``upstream-0.8`` for the 0.8 stack) inside the namespace.
+
+    ``ready``: return only once the client says it is ready (a ``first:`` case has imported nnsight and
+    wrapped its model; :data:`CLIENT_READY` on its stderr), so its start does not overlap the server's.
+    """
     if not netns.exists(cfg.netns):
         line = "" if cfg.line == "0.8" else f" --line {cfg.line}"
         raise StackError(f"No local NDIF stack is running (namespace {cfg.netns} does not exist); "
@@ -542,9 +553,51 @@ def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optio
         raise StackError(f"Client environment {client!r} does not speak the {cfg.line} stack's protocol; "
                          f"its clients: {', '.join(cfg.generation.clients)}.")
     env = envs.ensure(client, build=False)
-    return subprocess.Popen(
+    process = subprocess.Popen(
         client_command(cfg, env, ["-m", "nnsight_repro.ndif.remote_client", "run", "--cases", ",".join(cases)]),
         env=env.environ({"NDIF_HOST": cfg.api_url}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if ready:
+        wait_ready(process, ready_timeout)
+    return process
+
+
+#: What a ``first:`` case of :mod:`remote_client` prints on stderr once it is ready to send its request.
+CLIENT_READY = "remote_client: ready"
+
+
+def wait_ready(process: subprocess.Popen, timeout: float) -> None:
+    # Byte by byte from the pipe itself, in a thread (for the timeout): nothing after the ready line is
+    # taken from the pipe, so communicate() later still gets the rest of stderr.
+    seen, said_ready, done = [], threading.Event(), threading.Event()
+    fd = process.stderr.fileno()
+
+    def read() -> None:
+        line = b""
+        while True:
+            byte = os.read(fd, 1)
+            if not byte:
+                break
+            if byte != b"\n":
+                line += byte
+                continue
+            text = line.decode("utf-8", "replace")
+            if text.strip() == CLIENT_READY:
+                said_ready.set()
+                break
+            seen.append(text + "\n")
+            line = b""
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(timeout):
+        process.kill()
+        process.wait()
+        raise StackError(f"The remote client was not ready after {timeout:.0f} s. Its stderr ends:\n"
+                         + "".join(seen[-15:]))
+    if not said_ready.is_set():
+        process.wait()
+        raise StackError(f"The remote client exited (code {process.returncode}) before it was ready. "
+                         f"Its stderr ends:\n" + "".join(seen[-15:]))
 
 
 def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
