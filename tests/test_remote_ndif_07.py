@@ -126,8 +126,21 @@ def test_stack_has_only_loopback_lists_every_deployed_key_hot_and_leaves_nothing
     assert result["interfaces"] == ["lo"]
     assert result["status"]["problems"] == [], result["status"]["problems"]
     keys = {case_record["key"] for records in result["clients"].values() for case_record in records.values()}
+    # Models `up` deployed are listed by name, those deployed on request by key.
+    by_key = {**result["status"]["models"],
+              **{key: result["status"]["models"][name] for name, key in result["status"]["state"]["models"].items()}}
     for key in keys:
-        assert result["status"]["models"][key]["level"] == "HOT", (key, result["status"]["models"])
+        assert by_key[key]["level"] == "HOT", (key, result["status"]["models"])
+
+
+@pytest.mark.parametrize("flavour", ["stock_server", "patched_server"])
+def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request):
+    result = request.getfixturevalue(flavour)
+    (gpt2_key,) = result["status"]["state"]["models"].values()
+    assert list(result["status"]["state"]["models"]) == ["gpt2"]
+    # The key every 0.7 client sends for GPT-2 (no automodel: the default), and the actor that built it.
+    assert gpt2_key.endswith('"revision": null}') and "automodel" not in gpt2_key
+    assert result["built"][0]["model_key"] == gpt2_key and result["built"][0]["module_class"] == "GPT2LMHeadModel"
     assert not result["netns_left_after_down"]
 
 
@@ -149,8 +162,7 @@ def test_07_stack_settings_that_cannot_work_are_refused_before_anything_starts()
 
 
 def test_cli_refuses_mixed_up_flags_with_a_message():
-    for args, message in [(["up", "--server", "patched"], "flavour of the 0.7 stack"),
-                          (["up", "--line", "0.7", "--models", "gpt2"], "deploys each model on its first request")]:
+    for args, message in [(["up", "--server", "patched"], "flavour of the 0.7 stack")]:
         result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", *args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -27,7 +27,8 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A8] results zstd-compressed, without ndif's ``id`` field (model actor ``post``).
 - [A9] a CPU model actor (no CUDA calls), swapped in through the controller module (:func:`app`).
 - [A10] fake GPUs, at least four (not code: ``RAY_OVERRIDE_RESOURCES``, see :mod:`config`).
-- [A11] models deployed on their first request (not code: nothing is deployed at start).
+- [A11] ``ndif deploy`` asks the Hub for a model key (not code: the controller's own ``NDIF_DEPLOYMENTS``
+  deploys GPT-2 at start under an explicit key, and every other key deploys on its first request).
 - [A12] ``/status`` never wedged by a trigger sent before the queue dispatcher listens (dispatcher).
 - Not code either: redis-py 7.1 (8.x's 5 s socket timeout breaks the dispatcher's blocking reads),
   the undeclared imports (Prometheus/Loki/Influx clients, psutil, accelerate) in

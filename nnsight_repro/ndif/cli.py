@@ -47,8 +47,9 @@ def main(argv=None) -> int:
 
     u = stack_options(sub.add_parser("up", help="start the stack, deploy the models, wait until they are HOT"))
     u.add_argument("--models", default=None,
-                   help=f"0.8 stack: comma-separated panel models to deploy (default: {','.join(deploy.SERVED)}; "
-                        f"'' for none). The 0.7 stack deploys each model on its first request.")
+                   help=f"comma-separated panel models to deploy at start, under the keys the stack's own client "
+                        f"mints (default: {','.join(deploy.SERVED)}; 0.7 stack: {','.join(deploy.SERVED_07)}, "
+                        f"and any other key deploys on its first request; '' for none)")
     u.add_argument("--server", default="stock", choices=["stock", "patched"],
                    help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
     stack_options(sub.add_parser("down", help="stop everything `up` started and delete the namespace"))
@@ -68,8 +69,6 @@ def main(argv=None) -> int:
         if args.action == "up":
             if args.line == "0.8" and args.server != "stock":
                 parser.error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
-            if args.line == "0.7" and args.models:
-                parser.error("the 0.7 stack deploys each model on its first request; it takes no --models")
             cfg = config.default(line=args.line, server=args.server)
             models = None if args.models is None else [m for m in args.models.split(",") if m]
             state = stack.up(cfg, models=models)

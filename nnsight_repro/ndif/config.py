@@ -121,6 +121,15 @@ class StackConfig:
     def generation(self) -> Generation:
         return generation(self.line)
 
+    @property
+    def client(self) -> str:
+        """The client environment that speaks for this server: the generation's first (``upstream-0.8``),
+        or on 0.7 the build the server runs (``main`` for stock, ``patched``): the keys ``up`` deploys
+        at start are the ones it mints."""
+        if self.line == "0.7":
+            return {"stock": "main", "patched": "patched"}[self.server]
+        return self.generation.clients[0]
+
     # Folders ---------------------------------------------------------------
 
     @property

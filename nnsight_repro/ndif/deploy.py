@@ -1,15 +1,16 @@
 """Which panel models a local NDIF stack serves, under which keys, and how they get deployed.
 
 A server finds a model by its key, and a client computes the key itself, so the stack is deployed under
-exactly the keys an nnsight 0.8 client mints: :mod:`nnsight_repro.ndif.remote_client` mints them in the
-``upstream-0.8`` environment (which also saves the models), once; :func:`minted` remembers them.
+exactly the keys its clients mint: :mod:`nnsight_repro.ndif.remote_client` mints them in the client
+environment (``upstream-0.8`` for the 0.8 stack; for the 0.7 stack the build its server runs, ``main`` or
+``patched``), which also saves the models, once; :func:`minted` remembers them.
 Offline, ndif could not mint them: ``ndif deploy`` would ask the Hub to canonicalize the id. So the keys
 are given verbatim, and each names the saved model's local path, which the server loads from disk.
 
 Two ways in, both ndif's own: the controller deploys the keys in ``NDIF_DEPLOYMENTS`` as it starts (the
-fast path ``up`` takes: the models load while the API is still starting), and ``ndif deploy -f`` with a
-deploy file (what ``up`` falls back to for a model the controller dropped, because it waits for each
-replica and reports, per model, the exception that model failed with).
+path ``up`` takes, on both generations: the models load while the API is still starting), and, on 0.1.2,
+``ndif deploy -f`` with a deploy file (what ``up`` falls back to for a model the controller dropped,
+because it waits for each replica and reports, per model, the exception that model failed with).
 
 Stdlib only.
 """
@@ -28,6 +29,11 @@ from .. import envs
 #: The decoder control and the two masked LMs the remote tests need.
 SERVED: List[str] = ["gpt2", "bert-mlm", "esm-mlm"]
 
+#: What the 0.7 stack deploys as it starts: the decoder control, whose key every 0.7 client sends alike.
+#: A masked LM's key differs between stock and patched clients (that is the negative control), so each
+#: deploys on its first request, under the key that client sent (ndif 0.0.1 deploys any key it is sent).
+SERVED_07: List[str] = ["gpt2"]
+
 CLIENT_ENV = "upstream-0.8"
 
 
@@ -35,46 +41,48 @@ class DeployError(Exception):
     """A model could not be deployed; the message names it and says why."""
 
 
-def mint_command(names: List[str]) -> List[str]:
-    env = envs.ensure(CLIENT_ENV)
+def mint_command(names: List[str], client: str = CLIENT_ENV) -> List[str]:
+    env = envs.ensure(client)
     return [str(env.python), "-m", "nnsight_repro.ndif.remote_client", "mint", "--models", ",".join(names)]
 
 
-def parse_minted(stdout: str, stderr: str, returncode: int) -> Dict[str, dict]:
+def parse_minted(stdout: str, stderr: str, returncode: int, client: str = CLIENT_ENV) -> Dict[str, dict]:
     lines = stdout.strip().splitlines()
     if returncode or not lines:
         tail = "\n".join(stderr.strip().splitlines()[-10:])
-        raise DeployError(f"Minting the model keys in the {CLIENT_ENV!r} environment failed:\n{tail}")
+        raise DeployError(f"Minting the model keys in the {client!r} environment failed:\n{tail}")
     return json.loads(lines[-1])
 
 
-def mint(names: List[str]) -> Dict[str, dict]:
-    """``{name: {path, task, key}}``: each panel model saved, with the key a 0.8 client sends for it."""
-    env = envs.ensure(CLIENT_ENV)
-    result = subprocess.run(mint_command(names), capture_output=True, text=True, env=env.environ(), timeout=600)
-    return parse_minted(result.stdout, result.stderr, result.returncode)
+def mint(names: List[str], client: str = CLIENT_ENV) -> Dict[str, dict]:
+    """``{name: {path, task, key}}``: each panel model saved, with the key ``client`` sends for it."""
+    env = envs.ensure(client)
+    result = subprocess.run(mint_command(names, client), capture_output=True, text=True, env=env.environ(),
+                            timeout=600)
+    return parse_minted(result.stdout, result.stderr, result.returncode, client)
 
 
 #: The sources a minted key and a saved model's path depend on, besides the client environment.
 _MINT_SOURCES = ["models.py", "lines.py", "checks.py", "ndif/remote_client.py"]
 
 
-def _mint_digest() -> str:
+def _mint_digest(client: str) -> str:
     package = Path(__file__).resolve().parent.parent
     blob = hashlib.sha256()
-    blob.update(envs.ensure(CLIENT_ENV, build=False).stamp["digest"].encode())
+    blob.update(client.encode())
+    blob.update(envs.ensure(client, build=False).stamp["digest"].encode())
     for source in _MINT_SOURCES:
         blob.update((package / source).read_bytes())
     return blob.hexdigest()[:16]
 
 
-def minted(names: List[str], cache: Path) -> Dict[str, dict]:
+def minted(names: List[str], cache: Path, client: str = CLIENT_ENV) -> Dict[str, dict]:
     """:func:`mint`, remembered in ``cache`` (starting a client costs seconds on two cores, in every ``up``).
 
     An entry is reused only while the client environment and the sources that decide paths and keys are
     unchanged and its saved model is still there; only the models without one are minted.
     """
-    digest = _mint_digest()
+    digest = _mint_digest(client)
     try:
         remembered = json.loads(cache.read_text())
         known = remembered["models"] if remembered["digest"] == digest else {}
@@ -83,7 +91,7 @@ def minted(names: List[str], cache: Path) -> Dict[str, dict]:
     known = {name: m for name, m in known.items() if (Path(m["path"]) / "config.json").is_file()}
     missing = [name for name in names if name not in known]
     if missing:
-        known.update(mint(missing))
+        known.update(mint(missing, client))
         cache.parent.mkdir(parents=True, exist_ok=True)
         staging = cache.with_suffix(".tmp")
         staging.write_text(json.dumps({"digest": digest, "models": known}, indent=1))

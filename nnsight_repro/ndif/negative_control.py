@@ -77,7 +77,6 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
         result = run_pairings(cfg, say)
         result["timings"] = {**state["timings"],
                              "cold_start_to_first_trace_s": round(record["done_epoch"] - state["cold_start_epoch"], 2),
-                             # The first request deploys GPT-2 (0.0.1 deploys on first request).
                              "first_request_s": record["request_s"],
                              "warm_gpt2": warm_overhead(cfg, say)}
         return result

@@ -21,7 +21,7 @@ Cases:
 - ``large:<bytes>``: a result bigger than ``<bytes>`` (the server's inline cap); records which way it came
   back (inline on the response, or by URL from the object store) and whether it equals the local one.
 - ``first:<model>``: started while the stack is still coming up: waits until ``/status`` shows the model
-  HOT (0.7 stack: until it lists a node, since it deploys on the first request), then traces it
+  HOT (0.7 stack: until it lists a node; a model still loading is waited for by the server), then traces it
   remotely (for the cold start).
 - ``timing:<model>:<n>``: ``n`` warm remote traces and ``n`` local ones (for the benchmark).
 
@@ -210,7 +210,7 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
                 status = json.loads(response.read())
             deployments = status.get("deployments", {})
             if LINE.name == "0.7" and status.get("cluster", {}).get("nodes"):
-                break  # ndif 0.0.1 deploys on the first request: ready once the controller has a node
+                break  # ndif 0.0.1 queues a request for a model still loading: ready once a node is listed
             if any(e.get("model_key") == key and e.get("deployment_level") == "HOT"
                    and e.get("application_state") == "RUNNING" for e in deployments.values()):
                 break

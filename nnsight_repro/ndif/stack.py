@@ -23,9 +23,10 @@ The 0.7 generation differs in what runs, not in how: Redis and moto as above; nd
 (gunicorn and its queue dispatcher), run directly with the environment ndif's CLI would give them. Every
 server process first imports a generated ``sitecustomize.py`` that loads the adaptations; for the
 ``patched`` server flavour the ``patched`` environment's own nnsight build is linked in front of the
-server's stock one. No model is deployed at start: 0.0.1 deploys a model on its first request, under
-whatever key the client sends (which is what the negative control is about), and each model actor
-records what it built in ``logs/built.jsonl``.
+server's stock one. The controller deploys GPT-2 as it starts (:data:`deploy.SERVED_07`, under the key
+the server flavour's own client mints) and ``up`` waits until it is HOT; any other key deploys on its
+first request, under whatever key the client sends (which is what the negative control is about). Each
+model actor records what it built in ``logs/built.jsonl``.
 
 Stdlib only: this runs in the test process (a 0.7 client) and in the CLI; server code runs in the server
 environment, client code in a client environment (``upstream-0.8``; ``main`` or ``patched`` for the 0.7
@@ -281,13 +282,8 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     imported nnsight and wrapped its model by the time the server starts.
     """
     cfg = cfg or configuration.default()
-    if cfg.line == "0.7":
-        # 0.0.1 deploys on first request, under the key the client sends; nothing to deploy up front.
-        if models:
-            raise StackError("The 0.7 stack deploys each model on its first request (under the key the client "
-                             "sends); it takes no --models.")
-        models = []
-    models = deploy.SERVED if models is None else models
+    if models is None:
+        models = deploy.SERVED_07 if cfg.line == "0.7" else deploy.SERVED
     cfg.validate()
     unknown = [name for name in models if name not in panel.PANEL]
     if unknown:
@@ -312,7 +308,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
         # minted once and remembered, so a warm `up` starts no client.
         t_mint = time.monotonic()
-        minted = deploy.minted(models, cfg.folder / "minted.json") if models else {}
+        minted = minted_keys(cfg, models) if models else {}
         timings["keys_s"] = round(time.monotonic() - t_mint, 2)
         # A cold start: nothing of a previous run survives but nothing else is touched.
         for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
@@ -351,10 +347,11 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
             # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
             # actors load while the API is still coming up, and no deploy client has to connect to Ray.
+            deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
             if cfg.line == "0.7":
-                by_name["ray"].start(cfg, cfg.environ(venv_bin, role="ray"))
+                by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments})
             else:
-                by_name["ray"].start(cfg, {**service_env, "NDIF_DEPLOYMENTS": "|".join(state["models"].values())})
+                by_name["ray"].start(cfg, {**service_env, **deployments})
             for name in ("redis", "s3"):
                 by_name[name].start(cfg, service_env)
             # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
@@ -398,6 +395,13 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
 MISSING_GRACE_S = 10.0
 
 
+def minted_keys(cfg: configuration.StackConfig, models: List[str]) -> Dict[str, dict]:
+    """``{name: {path, task, key}}`` for ``models``, as the stack's client (:attr:`StackConfig.client`)
+    mints them; remembered per client in the stack folder."""
+    name = "minted.json" if cfg.line == "0.8" else f"minted-{cfg.client}.json"
+    return deploy.minted(models, cfg.folder / name, client=cfg.client)
+
+
 def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
              services: List[Service] = ()) -> None:
     """Wait until ``/status`` shows every minted model HOT and RUNNING.
@@ -425,6 +429,11 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
                     failed[name] = minted[name]
             else:
                 missing_since.pop(key, None)
+        if failed and cfg.line == "0.7":
+            # 0.0.1's `ndif deploy` asks the Hub for the key: there is no second way in to report through.
+            raise StackError(f"{', '.join(failed)} did not deploy: missing from /status {MISSING_GRACE_S:.0f} s "
+                             f"after the controller came up. The model actor's error is in Ray's worker logs "
+                             f"({cfg.ray_temp_link}/session_latest/logs/worker-*.err).")
         if failed:
             retried.update(failed)
             deploy_models(cfg, env, failed, services)
@@ -514,8 +523,9 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
         report["problems"].append(f"the API at {cfg.api_url} is not answering ({report['api']})")
     report["models"] = {}
     if cfg.line == "0.7":
-        # Nothing is deployed up front: list what the server deployed on request, by key.
-        report["models"] = {key: level for key, level in levels.items()}
+        # Besides what `up` deployed (by name, below), what the server deployed on request, by key.
+        named = set(((state or {}).get("models") or {}).values())
+        report["models"] = {key: level for key, level in levels.items() if key not in named}
     for name, key in ((state or {}).get("models") or {}).items():
         report["models"][name] = levels.get(key, {"level": "missing", "state": None})
         if report["api"] == "answering" and report["models"][name]["level"] != "HOT":
