@@ -85,7 +85,7 @@ def run_status(probe: dict) -> dict:
 
     raw = ndif.status(raw=True)
     deployments = raw.get("deployments", {}) if isinstance(raw, dict) else {}
-    # An empty catalogue is an answer too: ndif 0.0.1 deploys a model on its first request.
+    # An empty catalogue is an answer too: ndif 0.0.1 deploys any model it is sent on its first request.
     catalogue = sorted({entry.get("model_key") or name for name, entry in deployments.items()})
     return {"catalogue": catalogue, "note": f"{len(catalogue)} deployment(s)",
             "levels": {entry.get("model_key") or name: entry.get("deployment_level")
