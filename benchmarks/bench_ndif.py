@@ -49,18 +49,10 @@ COLD_START_BAR_S = 40.0
 
 
 def cold_start(cfg: config.StackConfig, models, client: str) -> dict:
-    """``up`` from nothing, a ready ``first:`` client of ``models[0]`` waiting inside; the round's timings."""
-    clients = []
+    """One round: ``up`` from nothing to the first remote trace of ``models[0]`` (see stack.up_to_first_trace)."""
     load = os.getloadavg()[0]
-    state = stack.up(cfg, models=models,
-                     on_namespace=lambda c: clients.append(stack.start_client(c, [f"first:{models[0]}"],
-                                                                              client=client, ready=True)))
-    first = stack.client_records(cfg, clients[0])[f"first:{models[0]}"]
-    if not first.get("ok"):
-        raise stack.StackError(f"the first remote trace failed: {first}")
-    return {**state["timings"], "first_trace_s": round(first["done_epoch"] - state["cold_start_epoch"], 2),
-            "first_request_s": first["request_s"], "load_average_before": round(load, 2),
-            "server_nnsight": state.get("server_nnsight")}
+    state = stack.up_to_first_trace(cfg, models[0], client, models=models)
+    return {**state["timings"], "load_average_before": round(load, 2), "server_nnsight": state.get("server_nnsight")}
 
 
 def warm(cfg: config.StackConfig, models, client: str, repeat: int) -> dict:
@@ -82,9 +74,7 @@ def warm(cfg: config.StackConfig, models, client: str, repeat: int) -> dict:
         if not t.get("ok"):
             record["models"][m] = {"ok": False, "error": t.get("error"), "message": t.get("message", "")[-2000:]}
             continue
-        remote, local = statistics.median(t["remote_s"]), statistics.median(t["local_s"])
-        record["models"][m] = {"ok": True, "remote_median_s": round(remote, 4), "local_median_s": round(local, 4),
-                               "ratio": round(remote / local, 1), "remote_s": t["remote_s"], "local_s": t["local_s"]}
+        record["models"][m] = {"ok": True, **stack.timing_medians(t), "remote_s": t["remote_s"], "local_s": t["local_s"]}
     return record
 
 
@@ -128,8 +118,8 @@ def main(argv=None) -> int:
               "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
               "load_average_before": os.getloadavg(), "line": line, "models": models,
               # As each interpreter reports them (the 0.7 server's nnsight also as `up` found it imported).
-              "versions": {"client": negative_control.env_versions(envs.ensure(client, build=False)),
-                           "server": negative_control.env_versions(server_env.ensure(build=False, line=line))},
+              "versions": {"client": envs.reported_versions(envs.ensure(client, build=False)),
+                           "server": envs.reported_versions(server_env.ensure(build=False, line=line))},
               "environments_ready_s": round(environments_s, 2), "cold_start_bar_s": COLD_START_BAR_S,
               "rounds": []}
     if line == "0.7":

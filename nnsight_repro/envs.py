@@ -187,6 +187,25 @@ class Env:
                               capture_output=capture, text=True, timeout=timeout)
 
 
+_VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
+             "names = ['nnsight', 'torch', 'transformers', 'ndif']\n"
+             "found = {}\n"
+             "for name in names:\n"
+             "    try: found[name] = m.version(name)\n"
+             "    except m.PackageNotFoundError: pass\n"
+             "found['nnsight_file'] = os.path.realpath(nnsight.__file__)\n"
+             "print(json.dumps(found))")
+
+
+def reported_versions(env: Env) -> dict:
+    """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
+    result = env.run(["-c", _VERSIONS], timeout=300)
+    if result.returncode:
+        raise EnvError(f"Could not read the versions in {env.name!r}: {result.stderr.strip()[-500:]}")
+    return {"env": env.name, **json.loads(result.stdout.strip().splitlines()[-1]),
+            "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
+
+
 def env_dir(name: str) -> Path:
     return cache_dir() / "envs" / name
 

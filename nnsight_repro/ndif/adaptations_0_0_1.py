@@ -202,7 +202,6 @@ def cpu_model_actor():
 
 def _define_cpu_model_actor():
     import io
-    import inspect
     import threading as _threading
 
     import ray

@@ -20,11 +20,10 @@ import json
 import os
 import platform
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 from .. import ROOT, envs
 from . import config, netns, server_env, stack
@@ -63,28 +62,15 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
     if netns.exists(cfg.netns):
         raise stack.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
                                f"(`nnsight-repro ndif down --line 0.7`).")
-    first = {}
-
-    def start_first_client(running_cfg):
-        # Ready (imported, model wrapped) before the server starts, as in benchmarks/bench_ndif.py.
-        first["process"] = stack.start_client(running_cfg, ["first:gpt2"], client="main", ready=True)
-
     try:
-        state = stack.up(cfg, on_namespace=start_first_client, say=say)
-        record = stack.client_records(cfg, first.pop("process"))["first:gpt2"]
-        if not record.get("ok"):
-            raise stack.StackError(f"The first GPT-2 trace against the {server} server failed: {record}")
+        # The first client is the stock one: GPT-2's key is the same for every 0.7 client.
+        state = stack.up_to_first_trace(cfg, "gpt2", "main", say=say)
         result = run_pairings(cfg, say)
-        result["timings"] = {**state["timings"],
-                             "cold_start_to_first_trace_s": round(record["done_epoch"] - state["cold_start_epoch"], 2),
-                             "first_request_s": record["request_s"],
-                             "warm_gpt2": warm_overhead(cfg, say)}
+        timings = state["timings"]
+        timings["cold_start_to_first_trace_s"] = timings.pop("first_trace_s")
+        result["timings"] = {**timings, "warm_gpt2": warm_overhead(cfg, say)}
         return result
     finally:
-        process = first.get("process")
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
         stack.down(cfg, say=say)
 
 
@@ -99,28 +85,9 @@ def warm_overhead(cfg: config.StackConfig, say: Callable[[str], None] = _say) ->
     record = stack.run_client(cfg, [case], client="main")[case]
     if not record.get("ok"):
         return record
-    remote, local = statistics.median(record["remote_s"]), statistics.median(record["local_s"])
-    return {"ok": True, "repeats": WARM_REPEATS, "remote_median_s": round(remote, 4),
-            "local_median_s": round(local, 4), "remote_over_local": round(remote / local, 1)}
-
-
-_VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
-             "names = ['nnsight', 'torch', 'transformers', 'ndif']\n"
-             "found = {}\n"
-             "for name in names:\n"
-             "    try: found[name] = m.version(name)\n"
-             "    except m.PackageNotFoundError: pass\n"
-             "found['nnsight_file'] = os.path.realpath(nnsight.__file__)\n"
-             "print(json.dumps(found))")
-
-
-def env_versions(env: envs.Env) -> dict:
-    """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
-    result = env.run(["-c", _VERSIONS], timeout=300)
-    if result.returncode:
-        raise envs.EnvError(f"Could not read the versions in {env.name!r}: {result.stderr.strip()[-500:]}")
-    return {"env": env.name, **json.loads(result.stdout.strip().splitlines()[-1]),
-            "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
+    medians = stack.timing_medians(record)
+    return {"ok": True, "repeats": WARM_REPEATS, "remote_median_s": medians["remote_median_s"],
+            "local_median_s": medians["local_median_s"], "remote_over_local": medians["ratio"]}
 
 
 def outcome(record: dict) -> str:
@@ -162,7 +129,7 @@ def main(argv=None) -> int:
         return 2
     # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
     server = server_env.ensure(build=False, line="0.7")
-    server_packages = env_versions(server)
+    server_packages = envs.reported_versions(server)
     report = {
         "command": " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
         "started": started,
@@ -174,7 +141,7 @@ def main(argv=None) -> int:
                    "nnsight": {server: results[server]["server_nnsight"] for server in results},
                    "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
                            "not the server production ran for nnsight 0.7.0"},
-        "clients": {name: env_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+        "clients": {name: envs.reported_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
         "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),

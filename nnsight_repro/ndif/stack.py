@@ -40,6 +40,7 @@ import fcntl
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -141,9 +142,8 @@ def _read(path: Path) -> str:
 
 
 def _log_tail(path: Path, lines: int = 12) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
+    text = _read(path).strip().splitlines()
+    if not text and not path.exists():
         return "(no log)"
     return "\n".join("    " + line for line in text[-lines:])
 
@@ -608,6 +608,38 @@ def wait_ready(process: subprocess.Popen, timeout: float) -> None:
         process.wait()
         raise StackError(f"The remote client exited (code {process.returncode}) before it was ready. "
                          f"Its stderr ends:\n" + "".join(seen[-15:]))
+
+
+def up_to_first_trace(cfg: configuration.StackConfig, model: str, client: str,
+                      models: Optional[List[str]] = None, say: Callable[[str], None] = _say) -> dict:
+    """A cold start measured: ``up`` with a ready ``first:<model>`` client waiting in the namespace (the
+    clock starts once it is ready), until that client's remote trace returned. The state, with
+    ``first_trace_s`` and ``first_request_s`` added to its timings; the client is gone either way.
+    A failed trace raises (the stack stays up: the caller brings it down)."""
+    first = {}
+
+    def start_first_client(running_cfg):
+        first["process"] = start_client(running_cfg, [f"first:{model}"], client=client, ready=True)
+
+    try:
+        state = up(cfg, models=models, on_namespace=start_first_client, say=say)
+        record = client_records(cfg, first.pop("process"))[f"first:{model}"]
+    finally:
+        process = first.get("process")
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+    if not record.get("ok"):
+        raise StackError(f"The first remote trace ({model}, {client} client) failed: {record}")
+    state["timings"]["first_trace_s"] = round(record["done_epoch"] - state["cold_start_epoch"], 2)
+    state["timings"]["first_request_s"] = record["request_s"]
+    return state
+
+
+def timing_medians(record: dict) -> dict:
+    """A ``timing:`` case's record as medians, remote and local, and their ratio remote/local."""
+    remote, local = statistics.median(record["remote_s"]), statistics.median(record["local_s"])
+    return {"remote_median_s": round(remote, 4), "local_median_s": round(local, 4), "ratio": round(remote / local, 1)}
 
 
 def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
