@@ -71,7 +71,8 @@ def ndif_stack():
 
 
 def _everything_against_07(server: str, out) -> dict:
-    """The negative-control pairings, a second ``up`` (refused), and the probe script's client lines
+    """The negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does,
+    and the probe script's client lines
     served by ``server``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
     so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from nnsight_repro import ROOT
@@ -94,6 +95,7 @@ def _everything_against_07(server: str, out) -> dict:
             result["second_up"] = str(exc)
         result["healthy_after_second_up"] = stack.healthy(running.cfg)
         result["netns"] = running.cfg.netns
+        result["ray_clients"] = stack.ray_client_connects(running.cfg, count=8, parallel=2)
         # The probe script finds this healthy stack of the right flavour and uses it as it is.
         environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
         run = subprocess.run([sys.executable, str(probe_ndif), "--line", ",".join(client_lines), "--out", str(out)],

@@ -19,6 +19,7 @@ Modules, one concept each:
 - ``remote_client``: what a remote test runs, in a client environment of the stack's line inside the namespace;
 - ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;
 - ``probe``: a stdlib HTTP GET run inside the namespace (the host cannot reach its loopback);
+- ``ray_clients``: Ray clients connecting to the stack's Ray as ndif's API does, run inside the namespace;
 - ``cli``: ``nnsight-repro ndif up|down|status [--line 0.7]`` and ``negative-control``.
 
 Importing this package imports nothing: the adaptations modules are loaded in the server environment

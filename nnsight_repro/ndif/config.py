@@ -50,6 +50,22 @@ RAY_PORTS_0_0_1 = {6380: "ray gcs", 8076: "ray object manager", 10001: "ray clie
                    8268: "ray dashboard agent (grpc)", 52365: "ray dashboard agent (http)", 8267: "ray metrics"}
 
 
+#: Added to the environment of Ray's own processes (head, client server, workers), both generations.
+#: ndif's API reaches Ray through Ray's client server (``ray://127.0.0.1:10001``), which forks one
+#: server per client while its own gRPC threads are busy. gRPC's fork support is on in these processes
+#: (the proxier logs its "Other threads are currently calling into gRPC, skipping fork() handlers"),
+#: so the child runs gRPC's after-fork handler before it execs, and about one in six die on the spot
+#: with nothing logged (ray-project/ray#63202); the client then waits 30-45 s before it retries, which
+#: was the stall some cold starts showed. Measured on the 0.7 stack (ray 2.50, grpcio 1.85.3), Ray
+#: clients connecting in two parallel loops (``ray_clients.py``): 18 of 122 connects failed with fork
+#: support on, 0 of 160 with it off. The 0.8 stack's Ray (2.60) lost none of 51 with fork support on; it
+#: gets the same setting so both generations start Ray alike. Ray starts every process of its own by exec, so
+#: nothing in it needs gRPC's state to survive a fork.
+RAY_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
+
+#: Where ndif's API (both generations) reaches Ray: Ray's client server inside the namespace.
+RAY_CLIENT_ADDRESS = "ray://127.0.0.1:10001"
+
 #: Longest temp dir Ray's deepest Unix socket path (70 bytes below it) fits the 107-byte limit with.
 RAY_TEMP_MAX = 107 - 70
 
@@ -239,7 +255,7 @@ class StackConfig:
             "NDIF_OBJECT_STORE_SECRET_KEY": "testing",
             "NDIF_API_URL": self.api_url,
             "NDIF_API_PORT": str(self.api_port),
-            "NDIF_RAY_ADDRESS": "ray://127.0.0.1:10001",
+            "NDIF_RAY_ADDRESS": RAY_CLIENT_ADDRESS,
             "NDIF_RAY_HEAD_PORT": "6385",
             "NDIF_RAY_TEMP_DIR": str(self.ray_temp),
             # gunicorn_conf binds 0.0.0.0; its control socket would land in ~/.gunicorn.
@@ -314,7 +330,7 @@ class StackConfig:
             "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
         }
         if role == "api":
-            env["RAY_ADDRESS"] = "ray://127.0.0.1:10001"
+            env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS
         env.update(self.extra_env)
         return env
 
