@@ -116,7 +116,7 @@ def _alias_nnsight_error(module) -> None:
 # [A12] /status wedged by an early trigger ------------------------------------------------------------
 # 0.0.1's /status sets the Redis key `status:requested` (NX, no expiry) and adds a trigger to a stream
 # that the dispatcher reads from "$". A trigger sent before the dispatcher listens (it first waits
-# 30-70 s for its Ray connection) is lost, the key is never deleted, and every later /status waits for
+# for its Ray connection) is lost, the key is never deleted, and every later /status waits for
 # an answer that never comes. The dispatcher forgets such a request as it starts (its trigger was sent
 # before it listened), so the next /status triggers again; a companion task gives the key a short
 # expiry, for a trigger lost in the moment between that and the dispatcher's first read.

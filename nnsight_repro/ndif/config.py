@@ -50,7 +50,8 @@ RAY_PORTS_0_0_1 = {6380: "ray gcs", 8076: "ray object manager", 10001: "ray clie
                    8268: "ray dashboard agent (grpc)", 52365: "ray dashboard agent (http)", 8267: "ray metrics"}
 
 
-#: Added to the environment of Ray's own processes (head, client server, workers), both generations.
+#: Added to the environment of Ray's own processes (head, client server, workers; ``environ(role="ray")``),
+#: both generations.
 #: ndif's API reaches Ray through Ray's client server (``ray://127.0.0.1:10001``), which forks one
 #: server per client while its own gRPC threads are busy. gRPC's fork support is on in these processes
 #: (the proxier logs its "Other threads are currently calling into gRPC, skipping fork() handlers"),
@@ -230,7 +231,9 @@ class StackConfig:
     def environ(self, venv_bin: Path, role: str = "") -> Dict[str, str]:
         """What every server process gets: ndif's settings on loopback, offline, with our adaptations.
 
-        ``role`` (0.0.1 only) is ``"ray"`` or ``"api"``: the two halves import different ``src`` packages.
+        ``role``: ``"ray"`` for Ray's own processes (:data:`RAY_ENV` added), ``"api"`` for the API and
+        the stores; 0.0.1 requires one (its two halves import different ``src`` packages), 0.1.2 also
+        takes none (a deploy client).
         """
         if self.line == "0.7":
             return self._environ_0_0_1(venv_bin, role)
@@ -272,6 +275,8 @@ class StackConfig:
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
         }
+        if role == "ray":
+            env.update(RAY_ENV)
         env.update(self.extra_env)
         return env
 
@@ -331,6 +336,8 @@ class StackConfig:
         }
         if role == "api":
             env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS
+        else:
+            env.update(RAY_ENV)
         env.update(self.extra_env)
         return env
 

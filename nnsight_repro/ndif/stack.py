@@ -341,15 +341,14 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             services = _services(cfg, env)
             ensure_ports_free(cfg, services)
             venv_bin = env.path / "venv" / "bin"
-            service_env = cfg.environ(venv_bin, role="api") if cfg.line == "0.7" else cfg.environ(venv_bin)
+            service_env = cfg.environ(venv_bin, role="api")
             by_name = {s.name: s for s in services}
             # Ray first: its head, then the controller, then the controller actor is the longest chain
             # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
             # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
             # actors load while the API is still coming up, and no deploy client has to connect to Ray.
             deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
-            ray_env = cfg.environ(venv_bin, role="ray") if cfg.line == "0.7" else service_env
-            by_name["ray"].start(cfg, {**ray_env, **configuration.RAY_ENV, **deployments})
+            by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments})
             for name in ("redis", "s3"):
                 by_name[name].start(cfg, service_env)
             # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
@@ -640,14 +639,19 @@ def timing_medians(record: dict) -> dict:
     return {"remote_median_s": round(remote, 4), "local_median_s": round(local, 4), "ratio": round(remote / local, 1)}
 
 
-def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
-    """The records of a :func:`start_client` process; a client that dies, or a dead stack, is named."""
+def _finish(process: subprocess.Popen, timeout: float):
+    """A child's (stdout, stderr), killed after ``timeout`` seconds (its stderr then says so)."""
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
-        stderr += f"\n(killed after {timeout:.0f} s)"
+        return stdout, stderr + f"\n(killed after {timeout:.0f} s)"
+
+
+def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
+    """The records of a :func:`start_client` process; a client that dies, or a dead stack, is named."""
+    stdout, stderr = _finish(process, timeout)
     lines = stdout.strip().splitlines()
     if process.returncode or not lines:
         problems = status(cfg)["problems"]
@@ -677,20 +681,15 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
     """``parallel`` loops of ``count`` Ray clients connecting to the running stack's Ray as its API does
     (``ray_clients.py``, inside the namespace): every attempt's record, ``loop`` added."""
     env = server_env.ensure(build=False, line=cfg.line)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in {"PYTHONPATH"}}
-    environ["RAY_USAGE_STATS_ENABLED"] = "0"
     script = Path(__file__).with_name("ray_clients.py")
     loops = [subprocess.Popen(netns.command(cfg.netns, [str(env.python), str(script),
                                                         configuration.RAY_CLIENT_ADDRESS, str(count)]),
-                              env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=cfg.environ(env.path / "venv" / "bin", role="api"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(parallel)]
     records = []
     for number, loop in enumerate(loops):
-        try:
-            stdout, stderr = loop.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            loop.kill()
-            stdout, stderr = loop.communicate()
+        stdout, stderr = _finish(loop, timeout)
         attempts = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
         if loop.returncode or len(attempts) != count:
             raise StackError(f"Ray client loop {number} ended with code {loop.returncode} after "
