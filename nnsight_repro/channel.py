@@ -65,6 +65,12 @@ class ChannelTimeout(ChannelError):
 
 # Child side ------------------------------------------------------------------------------------------------
 
+def connected() -> bool:
+    """Whether this process was started with a result channel (else a command run by hand prints for a
+    person instead of sending)."""
+    return bool(os.environ.get(RESULT_FILE))
+
+
 def send(record: dict) -> None:
     """Deliver ``record`` (JSON-serializable) to the parent that started this process.
 
