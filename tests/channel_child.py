@@ -59,6 +59,11 @@ def main(behaviour: str) -> None:
     elif behaviour == "stream-then-hang":
         channel.send({"n": 0})
         time.sleep(600)
+    elif behaviour == "ready-client":  # what a remote_client `first:` case sends, around its libraries' noise
+        noise()
+        channel.send({"ready": "first:gpt2"})
+        noise()
+        channel.send({"cases": {}})
     elif behaviour == "echo-stdin":
         channel.send({"stdin": sys.stdin.read()})
     else:
