@@ -442,25 +442,20 @@ def _versions_from_stamp(stamp: dict) -> Dict[str, str]:
 
 
 def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float, request: bool) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-overloaded-mount-") as scratch:
-        out = Path(scratch) / "result.json"
-        args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats),
-                "--out", str(out)]
-        if dump:
-            args += ["--dump-payloads", str(Path(dump).resolve())]
-        if not request:
-            args.append("--skip-request")
-        started = time.monotonic()
-        try:
-            proc = env.run(args, timeout=timeout)
-        except Exception as exc:  # e.g. TimeoutExpired
-            return {"failed": f"{type(exc).__name__}: {exc}"}
-        if proc.returncode or not out.is_file():
-            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-12:])
-            return {"failed": f"exit {proc.returncode}", "stderr_tail": tail}
-        record = json.loads(out.read_text())
-        record["wall_s"] = round(time.monotonic() - started, 1)
-        return record
+    from nnsight_repro import channel
+
+    args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats)]
+    if dump:
+        args += ["--dump-payloads", str(Path(dump).resolve())]
+    if not request:
+        args.append("--skip-request")
+    started = time.monotonic()
+    try:
+        record = env.run_one(args, doing=f"the benchmark's measurement at {layers} layers", timeout=timeout)
+    except channel.ChannelError as exc:  # died, killed, past the timeout, or no record: recorded, the run goes on
+        return {"failed": exc.reason, "stderr_tail": "\n".join(exc.stderr_tail.splitlines()[-12:])}
+    record["wall_s"] = round(time.monotonic() - started, 1)
+    return record
 
 
 def merge_rounds(rounds: List[dict]) -> dict:
@@ -634,14 +629,15 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement process")
     # Internal: the measurement half, run by an environment's python.
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--skip-request", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rounds < 1:
         parser.error("--repeats and --rounds must be at least 1")
     if args.measure:
         record = measure(int(args.layers), args.repeats, args.dump_payloads, request=not args.skip_request)
-        Path(args.out).write_text(json.dumps(record))
+        from nnsight_repro import channel
+
+        channel.send(record)
         return 0
     return driver(args)
 

@@ -1,8 +1,8 @@
 """The one check routine: what the nnsight in this interpreter does with each panel model.
 
-Run inside an environment (``python -m nnsight_repro.checks``); it prints one
-JSON record. The pytest suite, the local verify, Modal and the benchmark all
-read this record; none of them re-implements a check. Every check runs in its
+Run inside an environment (``python -m nnsight_repro.checks``); it sends one
+JSON record through :mod:`nnsight_repro.channel` (printed when run by hand).
+The pytest suite, the local verify, Modal and the benchmark all read this record; none of them re-implements a check. Every check runs in its
 own ``try``, so one failure is recorded and the rest still run.
 
 Checks (each yields ``{"ok": bool, ...}`` or ``{"ok": false, "error", "message"}``):
@@ -38,7 +38,7 @@ import traceback
 import warnings
 from typing import Callable, Dict, List
 
-from . import models
+from . import channel, models
 
 CHECKS: List[str] = ["synthesized_classes", "serializer_round_trip", "remote_local", "remote_key", "embedding_shift"]
 #: Checks run only when named: each costs a fresh interpreter (shared by all models of one run).
@@ -270,25 +270,6 @@ def spread(shift, changed: List[int]) -> dict:
     }
 
 
-#: Runs in a fresh interpreter: rebuilds each key (JSON list of [name, wrapper import path, key]) as a server
-#: would, importing only nnsight and transformers, and prints one JSON object of outcomes.
-REBUILD_SCRIPT = r"""
-import importlib, json, sys, warnings
-jobs, out = json.loads(sys.stdin.read()), {}
-for name, key in jobs:
-    import_path, _, fields = key.partition(":")
-    module, _, cls = import_path.rpartition(".")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rebuilt = getattr(importlib.import_module(module), cls).from_model_key(key)
-        out[name] = {"ok": True, "rebuilt_class": type(rebuilt._module).__name__}
-    except Exception as exc:
-        out[name] = {"ok": False, "error": type(exc).__name__, "message": str(exc).strip().splitlines()[0][:300]}
-out["_imported"] = sorted(m for m in ("multimolecule", "antiberty") if m in sys.modules)
-print(json.dumps(out))
-"""
-
 def rebuild_job(subject: Subject) -> list:
     """``[name, key]`` for the rebuild interpreter, with the cache directory standing in for the hub."""
     key = subject.model.to_model_key()
@@ -300,14 +281,11 @@ def rebuild_job(subject: Subject) -> list:
 
 def rebuild_without_package(jobs: List[list]) -> Dict[str, dict]:
     """One fresh interpreter rebuilds every queued key (starting one costs seconds: nnsight, transformers)."""
-    import subprocess
-
-    run = subprocess.run([sys.executable, "-c", REBUILD_SCRIPT], input=json.dumps(jobs), text=True,
-                         capture_output=True, timeout=600,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    if run.returncode:
-        raise RuntimeError(f"rebuild interpreter failed: {run.stderr.strip()[-500:]}")
-    found = json.loads(run.stdout.strip().splitlines()[-1])
+    where = os.environ.get("NNSIGHT_REPRO_ENV") or sys.prefix
+    # A module of its own (nnsight_repro.rebuild_key), so the rebuild imports only nnsight and transformers.
+    found = channel.run_one([sys.executable, "-m", "nnsight_repro.rebuild_key"], input=json.dumps(jobs),
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=600,
+                            what=f"a fresh interpreter of the {where!r} environment (rebuilding keys as a server would)")
     imported = found.pop("_imported")
     results = {}
     for name, result in found.items():
@@ -413,18 +391,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nnsight_repro.checks", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(models.PANEL), help="comma-separated panel models")
     parser.add_argument("--checks", default=",".join(CHECKS), help="comma-separated checks")
-    parser.add_argument("--out", help="write the JSON record here instead of stdout")
     args = parser.parse_args(argv)
     try:
         record = run(expand_models(args.models.split(",")), args.checks.split(","))
     except ValueError as exc:
         parser.error(str(exc))
-    text = json.dumps(record, indent=1)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text + "\n")
+    if channel.connected():
+        channel.send(record)
+    else:  # run by hand: for a person to read, never parsed
+        sys.stdout.write(json.dumps(record, indent=1) + "\n")
     return 0
 
 

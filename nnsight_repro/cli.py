@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import ROOT, envs, series
+from . import ROOT, channel, envs, series
 
 TEST_ENVS = ["main", "patched", "upstream-0.8"]
 #: Never checked, but needed: Modal's client (tests/test_modal_verify_patch.py) and matplotlib (verify plots).
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.run(args) or 0
-    except (envs.EnvError, series.SeriesError) as exc:
+    except (envs.EnvError, series.SeriesError, channel.ChannelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-from . import ROOT, series
+from . import ROOT, channel, series
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
@@ -183,27 +183,33 @@ class Env:
 
     def run(self, args: List[str], *, cwd: Optional[Path] = None, extra_env: Optional[dict] = None,
             timeout: Optional[float] = None, capture: bool = True) -> subprocess.CompletedProcess:
+        """``args`` under this interpreter, for its exit status and log text; a result comes back through
+        :meth:`run_one` / :meth:`start` instead (:mod:`nnsight_repro.channel`)."""
         return subprocess.run([str(self.python), *args], cwd=cwd or ROOT, env=self.environ(extra_env),
                               capture_output=capture, text=True, timeout=timeout)
 
+    def what(self, doing: str) -> str:
+        """How an error names a child of this environment: ``the 'patched' environment (the check routine)``."""
+        return f"the {self.name!r} environment ({doing})"
 
-_VERSIONS = ("import importlib.metadata as m, json, os, nnsight\n"
-             "names = ['nnsight', 'torch', 'transformers', 'ndif']\n"
-             "found = {}\n"
-             "for name in names:\n"
-             "    try: found[name] = m.version(name)\n"
-             "    except m.PackageNotFoundError: pass\n"
-             "found['nnsight_file'] = os.path.realpath(nnsight.__file__)\n"
-             "print(json.dumps(found))")
+    def run_one(self, args: List[str], *, doing: str, timeout: Optional[float] = None, cwd: Optional[Path] = None,
+                extra_env: Optional[dict] = None, input: Optional[str] = None) -> dict:
+        """The one record ``args`` (under this interpreter) sends through :func:`nnsight_repro.channel.send`."""
+        return channel.run_one([str(self.python), *args], env=self.environ(extra_env), cwd=cwd or ROOT,
+                               timeout=timeout, what=self.what(doing), input=input)
+
+    def start(self, args: List[str], *, doing: str, cwd: Optional[Path] = None, extra_env: Optional[dict] = None,
+              input: Optional[str] = None, stderr: Optional[Path] = None,
+              new_session: bool = False) -> "channel.Stream":
+        """``args`` under this interpreter, its records read one by one (:func:`nnsight_repro.channel.start`)."""
+        return channel.start([str(self.python), *args], env=self.environ(extra_env), cwd=cwd or ROOT,
+                             what=self.what(doing), input=input, stderr=stderr, new_session=new_session)
 
 
 def reported_versions(env: Env) -> dict:
     """What the environment's interpreter reports (pip's freeze names sdist and wheel installs by path)."""
-    result = env.run(["-c", _VERSIONS], timeout=300)
-    if result.returncode:
-        raise EnvError(f"Could not read the versions in {env.name!r}: {result.stderr.strip()[-500:]}")
-    return {"env": env.name, **json.loads(result.stdout.strip().splitlines()[-1]),
-            "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
+    found = env.run_one(["-m", "nnsight_repro.env_versions"], doing="reporting its versions", timeout=300)
+    return {"env": env.name, **found, "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
 
 
 def env_dir(name: str) -> Path:

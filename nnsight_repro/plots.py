@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from . import channel
+
 #: Matched to environment names so the same environment looks the same in every plot. Line styles and
 #: widths differ, not only colours: main and patched should coincide exactly, and a thin dashed line over
 #: a wide solid one shows that they do.
@@ -97,13 +99,13 @@ def draw_beside(report_json: Path) -> List[Path]:
 
     report_json = Path(report_json).resolve()
     env = envs.ensure("tools")
-    result = env.run(["-m", "nnsight_repro.plots", str(report_json)], timeout=600,
-                     extra_env={"MPLBACKEND": "Agg"})
-    if result.returncode:
-        raise envs.EnvError(f"Drawing the plots for {report_json} failed (exit {result.returncode}); the JSON and "
-                            f"markdown are written. Redraw with `{env.python} -m nnsight_repro.plots {report_json}`."
-                            f"\n{result.stderr.strip()[-2000:]}")
-    return [Path(line) for line in result.stdout.splitlines() if line.strip()]
+    try:
+        drawn = env.run_one(["-m", "nnsight_repro.plots", str(report_json)], doing="drawing the plots", timeout=600,
+                            extra_env={"MPLBACKEND": "Agg"})
+    except channel.ChannelError as exc:
+        raise envs.EnvError(f"Drawing the plots for {report_json} failed; the JSON and markdown are written. "
+                            f"Redraw with `{env.python} -m nnsight_repro.plots {report_json}`.\n{exc}") from None
+    return [Path(path) for path in drawn["written"]]
 
 
 def main(argv=None) -> int:
@@ -112,8 +114,11 @@ def main(argv=None) -> int:
         print("usage: python -m nnsight_repro.plots REPORT.json", file=sys.stderr)
         return 2
     report_json = Path(args[0])
-    for path in draw(json.loads(report_json.read_text()), report_json.parent):
-        print(path)
+    written = [str(path) for path in draw(json.loads(report_json.read_text()), report_json.parent)]
+    if channel.connected():
+        channel.send({"written": written})
+    else:  # run by hand: for a person to read
+        print("\n".join(written))
     return 0
 
 

@@ -46,7 +46,7 @@ from .paths import cache_dir
 SCHEMA = "nnsight-repro/verify/2"
 
 #: The files whose behaviour the check routine is; their digest is recorded with every report.
-CHECK_ROUTINE_FILES = ("checks.py", "models.py", "panel_rna.py", "lines.py")
+CHECK_ROUTINE_FILES = ("checks.py", "rebuild_key.py", "models.py", "panel_rna.py", "lines.py")
 
 
 # Before anything runs --------------------------------------------------------
@@ -130,18 +130,12 @@ def base_tree(series_name: str) -> Path:
 
 def record_in(env: envs.Env, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:
     """The check routine's JSON record from inside ``env`` (local cache or a Modal image alike)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "record.json"
-        args = ["-m", "nnsight_repro.checks", "--out", str(out)]
-        if models:
-            args += ["--models", ",".join(models)]
-        if checks:
-            args += ["--checks", ",".join(checks)]
-        result = env.run(args, timeout=1800)
-        if result.returncode or not out.is_file():
-            raise RuntimeError(f"the check routine failed in {env.name!r} (exit {result.returncode}):\n"
-                               f"{result.stderr.strip()[-3000:]}")
-        return json.loads(out.read_text())
+    args = ["-m", "nnsight_repro.checks"]
+    if models:
+        args += ["--models", ",".join(models)]
+    if checks:
+        args += ["--checks", ",".join(checks)]
+    return env.run_one(args, doing="the check routine", timeout=1800)
 
 
 def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[List[str]] = None) -> dict:

@@ -3,8 +3,8 @@
 ``python3 -m nnsight_repro zoo [--subset ci|full] [--envs main,patched,upstream-0.8] [--out results/zoo]``
 
 The parent (stdlib only) runs :mod:`nnsight_repro.zoo_worker` in each
-environment's interpreter, two environments at a time. The worker reports one
-JSON line per unit; a unit that crashes its worker (segfault, OOM kill) or runs
+environment's interpreter, two environments at a time. The worker sends one
+record per unit through the result channel; a unit that crashes its worker (segfault, OOM kill) or runs
 past ``--timeout`` is recorded as such, the worker is restarted after it, and
 the scan goes on. What the records mean is summarized per architecture
 (model_type) by :mod:`nnsight_repro.zoo_report`.
@@ -13,10 +13,7 @@ the scan goes on. What the records mean is summarized per architecture
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import ROOT, envs
+from . import channel, envs
 
 ENVS = ["main", "patched", "upstream-0.8"]
-PROTOCOL = "ZOO\t"
 #: Seconds one unit may take (meta build, wrap, round trip, tiny forward) before its worker is killed.
 UNIT_TIMEOUT = 120
 #: Seconds a worker may take to start (torch, transformers, multimolecule, nnsight).
@@ -47,35 +43,27 @@ CI_CRASH_UNIT = "llama/LlamaForSequenceClassification"
 
 
 class Worker:
-    """One worker process in one environment; lines arrive on a queue so reads can time out."""
+    """One worker process in one environment; its messages arrive through the result channel."""
 
-    def __init__(self, env: envs.Env, units: List[dict], extra_env: Optional[dict] = None, log=None):
-        self.process = subprocess.Popen(
-            [str(env.python), "-m", "nnsight_repro.zoo_worker"], cwd=ROOT, env=env.environ(extra_env),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or subprocess.DEVNULL, text=True,
-            start_new_session=True)  # its own group: a kill reaches anything it started, and only that
-        self.lines: "queue.Queue[Optional[dict]]" = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.process.stdin.write(json.dumps(units))
-        self.process.stdin.close()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            if line.startswith(PROTOCOL):
-                self.lines.put(json.loads(line[len(PROTOCOL):]))
-        self.lines.put(None)  # end of stream: the worker exited
+    def __init__(self, env: envs.Env, units: List[dict], extra_env: Optional[dict] = None,
+                 log: Optional[Path] = None):
+        # Its own session: a kill reaches anything it started, and only that.
+        self.stream = env.start(["-m", "nnsight_repro.zoo_worker"], doing="the zoo worker", extra_env=extra_env,
+                                input=json.dumps(units), stderr=log, new_session=True)
 
     def next(self, timeout: float) -> Optional[dict]:
-        """The next message; None when the worker exited; raises queue.Empty on timeout."""
-        return self.lines.get(timeout=timeout)
+        """The next message; None when the worker exited cleanly.
+
+        Raises :class:`channel.ChannelTimeout` (the worker killed) when none comes within ``timeout``, and
+        :class:`channel.ChannelError` when the worker died or sent something malformed.
+        """
+        return self.stream.next(timeout)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        self.stream.close()
 
     def exit_status(self) -> str:
-        code = self.process.wait()
+        code = self.stream.process.wait()
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit code {code}"
@@ -90,7 +78,7 @@ def scan_env(env_name: str, units: List[dict], *, unit_timeout: float = UNIT_TIM
     environment: dict = {}
     restarts = 0
     pending = list(units)
-    log = open(log_dir / f"worker-{env_name}.log", "a") if log_dir else None
+    log = log_dir / f"worker-{env_name}.log" if log_dir else None
     # Every record as it arrives, so a parent that dies late in a long scan loses nothing.
     journal = open(log_dir / f"records-{env_name}.jsonl", "a") if log_dir else None
     try:
@@ -101,16 +89,21 @@ def scan_env(env_name: str, units: List[dict], *, unit_timeout: float = UNIT_TIM
             while True:
                 try:
                     message = worker.next(timeout)
-                except queue.Empty:
+                except channel.ChannelTimeout:
                     worker.kill()
                     if current is not None:
                         records[current] = {"id": current, "crash": {
                             "kind": "timeout", "reason": f"no result within {unit_timeout:g} s; worker killed"}}
                     break
-                if message is None:  # the worker exited
-                    status = worker.exit_status()
+                except channel.ChannelError as exc:
+                    # Died (a segfault, an OOM kill) or sent a malformed message: the unit it began crashed it.
+                    status = worker.exit_status() if exc.returncode else exc.reason
                     if current is not None:
                         records[current] = {"id": current, "crash": {"kind": "crash", "reason": status}}
+                    worker.kill()
+                    break
+                if message is None:  # the worker exited cleanly
+                    worker.kill()
                     break
                 if "environment" in message:
                     environment = message["environment"]
@@ -127,25 +120,21 @@ def scan_env(env_name: str, units: List[dict], *, unit_timeout: float = UNIT_TIM
             if pending and len(records) == before:
                 # Not one unit began: the environment is broken, and restarting would loop forever.
                 raise RuntimeError(f"the zoo worker in {env_name!r} stopped before any unit "
-                                   f"({worker.exit_status()}); see {log.name if log else 'its stderr'}")
+                                   f"({worker.exit_status()}); see {log or 'its stderr'}")
             restarts += bool(pending)
     finally:
         if pending and "worker" in locals():
             worker.kill()  # the parent is going down (an error, Ctrl-C): leave no worker behind
-        for stream in (log, journal):
-            if stream:
-                stream.close()
+        if journal:
+            journal.close()
     return {"environment": environment, "records": records, "restarts": restarts}
 
 
 def catalog(env_name: str) -> dict:
     """The units and the config types without a class, as the worker enumerates them in ``env_name``."""
     env = envs.ensure(env_name, build=False)
-    result = env.run(["-m", "nnsight_repro.zoo_worker", "--list"], timeout=STARTUP_TIMEOUT)
-    for line in result.stdout.splitlines():
-        if line.startswith(PROTOCOL):
-            return json.loads(line[len(PROTOCOL):])
-    raise RuntimeError(f"the zoo catalog failed in {env_name!r}:\n{result.stderr.strip()[-2000:]}")
+    return env.run_one(["-m", "nnsight_repro.zoo_worker", "--list"], doing="the zoo catalog",
+                       timeout=STARTUP_TIMEOUT)
 
 
 def select(units: List[dict], subset: str) -> List[dict]:

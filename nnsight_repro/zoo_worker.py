@@ -1,11 +1,10 @@
-"""The zoo's worker: scans units one at a time inside one environment, one JSON line per finished unit.
+"""The zoo's worker: scans units one at a time inside one environment, one record per finished unit.
 
 ``python -m nnsight_repro.zoo_worker`` reads a JSON list of catalog units on
-stdin. Protocol lines go to the stdout it was started with, each prefixed with
-``PROTOCOL``; anything a model prints goes to stderr instead, so it can never
-corrupt the protocol. Before a unit it writes ``{"begin": id}``, so when the
-process dies the parent knows which unit killed it. ``--list`` prints the
-catalog instead.
+stdin and sends its messages through :mod:`nnsight_repro.channel`, record by
+record, so nothing a model or library prints can corrupt them. Before a unit it
+sends ``{"begin": id}``, so when the process dies the parent knows which unit
+killed it. ``--list`` sends the catalog instead.
 
 Per unit, for the nnsight this interpreter imports:
 
@@ -34,7 +33,7 @@ import time
 import types
 import warnings
 
-PROTOCOL = "ZOO\t"
+from . import channel
 
 
 def failure(exc: BaseException) -> dict:
@@ -45,11 +44,6 @@ def failure(exc: BaseException) -> dict:
     if record["message"].startswith("Traceback"):
         record["message"] = str(exc).strip().splitlines()[-1][:300]
     return record
-
-
-def emit(stream, message: dict) -> None:
-    stream.write(PROTOCOL + json.dumps(message) + "\n")
-    stream.flush()
 
 
 def envoy_attribute_names() -> dict:
@@ -247,10 +241,6 @@ def environment_block() -> dict:
 
 
 def main() -> int:
-    # The protocol keeps the real stdout; everything else printed goes to stderr.
-    protocol = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
     warnings.simplefilter("ignore")
     import torch
 
@@ -264,20 +254,20 @@ def main() -> int:
     from . import zoo_catalog
 
     if "--list" in sys.argv:
-        emit(protocol, {"catalog": zoo_catalog.catalog(), "config_types_without_model_class":
+        channel.send({"catalog": zoo_catalog.catalog(), "config_types_without_model_class":
                         zoo_catalog.config_types_without_model_class()})
         return 0
     units = json.loads(sys.stdin.read())
     environment = environment_block()
     names = environment["envoy_attributes"]
-    emit(protocol, {"environment": {k: v for k, v in environment.items() if k != "line_object"}})
+    channel.send({"environment": {k: v for k, v in environment.items() if k != "line_object"}})
     for unit in units:
-        emit(protocol, {"begin": unit["id"]})
+        channel.send({"begin": unit["id"]})
         injected(unit["id"])
         started = time.perf_counter()
         record = scan(unit, names, environment)
         record["seconds"] = round(time.perf_counter() - started, 3)
-        emit(protocol, {"record": record})
+        channel.send({"record": record})
         gc.collect()
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, checks, envs, models, series, verify
+from nnsight_repro import ROOT, channel, checks, envs, models, series, verify
 
 SERIES = "nnsight-v0.7.0"
 #: Small enough to keep the `.local()` run short, wide enough to show a failing and a numeric check.
@@ -47,10 +47,11 @@ def in_tools(tools, args, extra_env=None, timeout=600) -> subprocess.CompletedPr
 
 
 def json_from(tools, code: str, extra_env=None) -> dict:
-    """What ``code`` prints as its last line, as JSON; it runs with ``modal_verify_patch`` imported as ``m``."""
-    result = in_tools(tools, ["-c", "import json, modal_verify_patch as m\n" + code], extra_env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """The record ``code`` sends (``send(...)``); it runs with ``modal_verify_patch`` imported as ``m``."""
+    return channel.run_one([str(tools.python), "-c",
+                            "import json, modal_verify_patch as m\nfrom nnsight_repro.channel import send\n" + code],
+                           env=without_modal_token(tools.environ(extra_env)), cwd=ROOT, timeout=600,
+                           what="the 'tools' environment (modal_verify_patch imported)")
 
 
 def series_copy(tmp_path: Path) -> Path:
@@ -79,10 +80,10 @@ def spoil_a_context_line(patch: Path) -> None:
 def test_modal_file_builds_its_app_image_and_function_without_contacting_modal(tools):
     built = json_from(tools, (
         "import modal\n"
-        "print(json.dumps({'app': isinstance(m.app, modal.App), 'name': m.app.name, 'app_id': m.app.app_id,\n"
+        "send({'app': isinstance(m.app, modal.App), 'name': m.app.name, 'app_id': m.app.app_id,\n"
         "  'image': isinstance(m.image, modal.Image), 'function': isinstance(m.check_main_and_patched, modal.Function),\n"
         "  'entrypoint': isinstance(m.main, modal.app.LocalEntrypoint),\n"
-        "  'same_app': m.check_main_and_patched.app is m.app and m.main.app is m.app}))"))
+        "  'same_app': m.check_main_and_patched.app is m.app and m.main.app is m.app})"))
     assert built == {"app": True, "name": "nnsight-verify-patch", "app_id": None, "image": True, "function": True,
                      "entrypoint": True, "same_app": True}
 
@@ -105,9 +106,9 @@ def test_modal_run_without_a_token_fails_fast_with_modals_own_message(tools):
 
 def test_image_uses_the_base_commit_and_the_series_in_patches(tools):
     image = json_from(tools, (
-        "print(json.dumps({'commit': m.BASE_COMMIT, 'series_dir': str(m.SERIES_DIR), 'pins': str(m.PINS_FILE),\n"
+        "send({'commit': m.BASE_COMMIT, 'series_dir': str(m.SERIES_DIR), 'pins': str(m.PINS_FILE),\n"
         "  'main': m.main_source_commands(), 'patched': m.patched_source_commands(),\n"
-        "  'series_in_image': m.IMAGE_SERIES_DIR}))"))
+        "  'series_in_image': m.IMAGE_SERIES_DIR})"))
     base = series.base(SERIES)
     assert image["commit"] == base.commit and len(image["commit"]) == 40
     assert Path(image["series_dir"]) == ROOT / "patches" / SERIES
@@ -122,7 +123,7 @@ def test_image_uses_the_base_commit_and_the_series_in_patches(tools):
 
 
 def test_main_and_patched_are_installed_by_the_same_steps_with_one_version_string(tools):
-    steps = json_from(tools, "print(json.dumps({v: m.install_commands(v) for v in ('main', 'patched')}))")
+    steps = json_from(tools, "send({v: m.install_commands(v) for v in ('main', 'patched')})")
     assert [s.replace("/patched/", "/main/") for s in steps["patched"]] == steps["main"]
     assert any("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT=0.7.0 " in s for s in steps["main"]), steps["main"]
 
@@ -137,7 +138,7 @@ def modal_side(tools, tmp_path_factory):
         f"result = m.check_main_and_patched.local({','.join(LOCAL_MODELS)!r}, {','.join(LOCAL_CHECKS)!r},\n"
         "                                        envs_root=str(envs.cache_dir() / 'envs'))\n"
         f"path = m.write_report(result, Path({str(out)!r}))\n"
-        "print(json.dumps({'result': result, 'report': str(path)}))"))
+        "send({'result': result, 'report': str(path)})"))
 
 
 def test_check_function_runs_the_routine_in_main_then_patched(modal_side):
@@ -193,8 +194,8 @@ def test_modal_entrypoint_refuses_unknown_names_before_calling_modal(tools, flag
         "try:\n"
         f"    m.main({flag}={value!r}, out='/nonexistent')\n"
         "except Exception as exc:\n"
-        "    print(json.dumps([type(exc).__name__, str(exc)]))\n"))
-    assert refused[0] == "EnvError" and message in refused[1], refused
+        "    send({'error': type(exc).__name__, 'message': str(exc)})\n"))
+    assert refused["error"] == "EnvError" and message in refused["message"], refused
 
 
 def test_modal_run_refuses_a_series_based_on_another_commit(tools, tmp_path):

@@ -38,8 +38,9 @@ def run_pytest(env_name: str, target: str, tmp_path_factory, cwd: Path = ROOT, e
 
 def marked_tests(tmp_path_factory) -> set:
     env = envs.ensure("patched", build=False)
-    result = env.run(["-m", "pytest", SUITE, "--collect-only", "-q", "-m", "fixed_by_series", "-p", "no:cacheprovider"])
-    return {line.split("::", 1)[1] for line in result.stdout.splitlines() if "::" in line}
+    collector = str(Path(__file__).with_name("collect_marked.py"))
+    return set(env.run_one([collector, SUITE, "-m", "fixed_by_series"], doing="collecting the marked tests",
+                           timeout=600)["ids"])
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from nnsight_repro import ROOT, channel
 from nnsight_repro.ndif import config, deploy, netns, server_env, stack
 
 TRACED = ["gpt2", "bert-mlm", "esm-mlm"]
@@ -149,30 +150,32 @@ def test_colliding_ports_are_refused_before_anything_starts():
         config.StackConfig(folder=Path("/tmp/nnsr-unused"), redis_port=7000, s3_port=7000).validate()
 
 
-def client_like(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def client_like(behaviour: str) -> channel.Stream:
+    """A stand-in for a remote client (tests/channel_child.py), on the same channel."""
+    return channel.start([sys.executable, str(Path(__file__).with_name("channel_child.py")), behaviour],
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, what="a stand-in remote client")
 
 
-def test_ready_client_is_waited_for_past_its_other_stderr_lines():
-    process = client_like(f"import sys, time\nprint('a warning', file=sys.stderr)\n"
-                          f"print({stack.CLIENT_READY!r}, file=sys.stderr, flush=True)\n"
-                          f"print('after', file=sys.stderr)\nprint('{{}}')")
-    stack.wait_ready(process, timeout=30)
-    stdout, stderr = process.communicate(timeout=30)
-    assert stdout.strip() == "{}" and "after" in stderr
+def test_ready_client_is_waited_for_past_its_other_output():
+    client = client_like("ready-client")
+    stack.wait_ready(client, timeout=30)
+    assert client.records(timeout=30) == [{"cases": {}}]
+    assert "warning: something" in client.stderr_tail()
+    client.close()
 
 
 def test_client_that_exits_before_it_is_ready_is_named_with_its_stderr():
-    process = client_like("import sys; print('ImportError: no nnsight here', file=sys.stderr); sys.exit(3)")
-    with pytest.raises(stack.StackError, match=r"(?s)exited \(code 3\) before it was ready.*no nnsight here"):
-        stack.wait_ready(process, timeout=30)
+    client = client_like("failing")
+    with pytest.raises(stack.StackError,
+                       match=r"(?s)exited before it was ready.*stand-in remote client.*exited with code 1.*about to fail"):
+        stack.wait_ready(client, timeout=30)
 
 
 def test_client_never_ready_is_killed_after_the_timeout():
-    process = client_like("import time; time.sleep(60)")
+    client = client_like("hang")
     with pytest.raises(stack.StackError, match="not ready after 1 s"):
-        stack.wait_ready(process, timeout=1)
-    assert process.poll() is not None
+        stack.wait_ready(client, timeout=1)
+    assert client.poll() is not None
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ the transformers 5.24 change it trips on, shown on a bare output class shaped
 like ``ErnieRnaModelOutputWithPastAndCrossAttentions``.
 """
 
-import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, envs, models, overlays, series
+from nnsight_repro import ROOT, channel, envs, models, overlays, series
 
 EXTRAS_07 = "nnsight-v0.7.0-extras"
 EXTRAS_08 = "nnsight-v0.8.1-extras"
@@ -40,7 +39,7 @@ NO_TOKENIZE_ERROR = "AttributeError: module 'tokenize' has no attribute 'Tokeniz
 # nnsight 0.8.1 builds a TransformersModel from a path on meta (dispatch=False),
 # the first thing a server does with a model key.
 META_BUILD = """
-import json, sys, warnings
+import sys, warnings
 warnings.simplefilter("ignore")
 from importlib.metadata import version
 import transformers
@@ -50,13 +49,13 @@ try:
     record["built"] = type(TransformersModel(sys.argv[1], task="fill-mask")._module).__name__
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 # What ndif 0.1.2's evaluator calls (ndif/services/ray/deployments/controller/
 # cluster/evaluator.py, lines 155 and 161 of the wheel).
 NDIF_012_CALLS = """
-import json
 from importlib.metadata import version
 from nnsight.modeling.mixins.remotable import Remotable
 KEY = ('nnsight.modeling.transformers.TransformersModel:'
@@ -71,13 +70,14 @@ for name, call in [
         record[name] = "accepted"
     except Exception as exc:
         record[name] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 # nnsight 0.7.0: a lambda that starts on a continuation line, reached by a
 # remote="local" trace. inspect gives its source as "           lambda ...]".
 CONTINUATION_LAMBDA = """
-import json, warnings
+import warnings
 warnings.simplefilter("ignore")
 import torch
 from nnsight import LanguageModel
@@ -95,13 +95,14 @@ try:
     record["equals_local"] = bool(torch.equal(local, simulated))
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 # nnsight 0.7.0: session(remote="local"), with RemoteBackend's constructor
 # replaced by one that records the key and refuses, so nothing reaches a network.
 SESSION_REMOTE_LOCAL = """
-import json, warnings
+import warnings
 warnings.simplefilter("ignore")
 import torch
 from nnsight import LanguageModel
@@ -127,7 +128,8 @@ try:
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
 record["remote_backends"] = built
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 # transformers 5.24 renames a `past_key_values=` argument to `cache` in the
@@ -135,7 +137,6 @@ print(json.dumps(record))
 # `past_key_values` itself, as multimolecule 0.2.2's ERNIE-RNA output does
 # (and builds it with past_key_values=..., modeling_ernierna.py:722).
 OUTPUT_WITH_PAST = """
-import json
 from dataclasses import dataclass
 import torch, transformers
 from transformers.utils import ModelOutput
@@ -149,12 +150,13 @@ try:
     record["built"] = True
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 # multimolecule 0.2.2's ERNIE-RNA masked LM (the panel's tiny one), one forward.
 ERNIE_RNA_FORWARD = """
-import json, warnings
+import warnings
 warnings.simplefilter("ignore")
 from importlib.metadata import version
 import torch, transformers
@@ -167,7 +169,8 @@ try:
         record["logits"] = list(model(models.token_ids(tokenizer, entry.text)).logits.shape)
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(record))
+from nnsight_repro.channel import send
+send(record)
 """
 
 
@@ -211,12 +214,11 @@ def run(name: str, repro: Repro, scratch: Path, bert: str) -> dict:
     script = scratch / f"{name}.py"
     script.write_text(repro.script)
     args = [bert if a == "BERT" else a for a in repro.args]
-    result = env.run([str(script), *args], cwd=scratch, extra_env={"PYTHONPATH": ":".join(path)}, timeout=600)
-    lines = result.stdout.strip().splitlines()
     try:
-        return json.loads(lines[-1])
-    except (IndexError, ValueError):
-        return {"crashed": result.returncode, "stderr": result.stderr[-3000:]}
+        return env.run_one([str(script), *args], doing=f"the {name} repro", cwd=scratch, timeout=600,
+                           extra_env={"PYTHONPATH": ":".join(path)})
+    except channel.ChannelError as exc:
+        return {"crashed": exc.returncode, "error": str(exc)}
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Dict, List
 
-from .. import envs
+from .. import ROOT, channel, envs
 
 #: The decoder control and the two masked LMs the remote tests need.
 SERVED: List[str] = ["gpt2", "bert-mlm", "esm-mlm"]
@@ -46,20 +45,14 @@ def mint_command(names: List[str], client: str = CLIENT_ENV) -> List[str]:
     return [str(env.python), "-m", "nnsight_repro.ndif.remote_client", "mint", "--models", ",".join(names)]
 
 
-def parse_minted(stdout: str, stderr: str, returncode: int, client: str = CLIENT_ENV) -> Dict[str, dict]:
-    lines = stdout.strip().splitlines()
-    if returncode or not lines:
-        tail = "\n".join(stderr.strip().splitlines()[-10:])
-        raise DeployError(f"Minting the model keys in the {client!r} environment failed:\n{tail}")
-    return json.loads(lines[-1])
-
-
 def mint(names: List[str], client: str = CLIENT_ENV) -> Dict[str, dict]:
     """``{name: {path, task, key}}``: each panel model saved, with the key ``client`` sends for it."""
     env = envs.ensure(client)
-    result = subprocess.run(mint_command(names, client), capture_output=True, text=True, env=env.environ(),
-                            timeout=600)
-    return parse_minted(result.stdout, result.stderr, result.returncode, client)
+    try:
+        return channel.run_one(mint_command(names, client), env=env.environ(), cwd=ROOT, timeout=600,
+                               what=env.what("minting the model keys"))
+    except channel.ChannelError as exc:
+        raise DeployError(f"Minting the model keys failed: {exc}") from None
 
 
 #: The sources a minted key and a saved model's path depend on, besides the client environment.

@@ -1,18 +1,19 @@
-"""Small network questions asked from inside the stack's namespace, answered as one JSON line.
+"""Small network questions asked from inside the stack's namespace, answered with one record.
 
-The host cannot reach the namespace's loopback, so ``stack`` runs this file there (as a script, with
-whatever Python runs the project: it needs only the standard library and imports nothing of ours):
+The host cannot reach the namespace's loopback, so ``stack`` runs this module there (with whatever
+Python runs the project: it needs only the standard library and :mod:`nnsight_repro.channel`):
 
-    probe.py get [--timeout S] URL [URL ...]
+    python -m nnsight_repro.ndif.probe get [--timeout S] URL [URL ...]
                                  -> {"URL": {"status": 200, "body": "..."} | {"error": "..."}}
-    probe.py ports PORT [...]    -> {"PORT": "listening" | "free"}
+    python -m nnsight_repro.ndif.probe ports PORT [...]    -> {"PORT": "listening" | "free"}
 """
 
-import json
 import socket
 import sys
 import urllib.error
 import urllib.request
+
+from nnsight_repro import channel
 
 
 def get(url: str, timeout: float = 5.0) -> dict:
@@ -37,11 +38,11 @@ def main(argv) -> int:
         timeout = 5.0
         if args[:1] == ["--timeout"]:
             timeout, args = float(args[1]), args[2:]
-        print(json.dumps({url: get(url, timeout) for url in args}))
+        channel.send({url: get(url, timeout) for url in args})
     elif action == "ports":
-        print(json.dumps({port: port_state(int(port)) for port in args}))
+        channel.send({port: port_state(int(port)) for port in args})
     else:
-        print(json.dumps({"error": f"unknown action {action!r}"}))
+        print(f"unknown action {action!r}", file=sys.stderr)
         return 2
     return 0
 

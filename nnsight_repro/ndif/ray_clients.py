@@ -1,16 +1,18 @@
 """Ray clients connecting to a stack's Ray the way ndif's API does, one after another, each attempt
-reported as one JSON line. ``stack`` runs this file as a script with the server environment's Python
-(it needs Ray and the standard library, nothing of ours) inside the stack's namespace:
+sent as one record. ``stack`` runs this module with the server environment's Python (it needs Ray,
+the standard library and :mod:`nnsight_repro.channel`) inside the stack's namespace:
 
-    ray_clients.py ADDRESS COUNT   -> COUNT lines {"ok": bool, "seconds": float, "error": str}
+    python -m nnsight_repro.ndif.ray_clients ADDRESS COUNT
+                                   -> COUNT records {"ok": bool, "seconds": float, "error": str}
 
 Every connect makes Ray's client server start a server of its own for that client; why some of those
 died at start, and what the stack does about it: ``config.RAY_ENV``.
 """
 
-import json
 import sys
 import time
+
+from nnsight_repro import channel
 
 
 def connect_once(ray, address: str) -> dict:
@@ -33,7 +35,7 @@ def main(argv) -> int:
     import ray
 
     for _ in range(count):
-        print(json.dumps(connect_once(ray, address)), flush=True)
+        channel.send(connect_once(ray, address))
     return 0
 
 

@@ -2,13 +2,15 @@
 
 Runs inside a client environment (``python -m nnsight_repro.ndif.remote_client``): ``upstream-0.8``
 against the 0.8 stack, ``main`` or ``patched`` (nnsight 0.7.0) against the 0.7 stack; the nnsight line
-it speaks is the interpreter's (:func:`nnsight_repro.lines.current`). It prints one JSON object. ``mint`` needs no server and runs on the host; ``run`` must run inside the stack's
+it speaks is the interpreter's (:func:`nnsight_repro.lines.current`). It sends its result through
+:mod:`nnsight_repro.channel`. ``mint`` needs no server and runs on the host; ``run`` must run inside the stack's
 network namespace, with ``NDIF_HOST`` pointing at the API (nnsight reads it at import).
 
-- ``mint --models a,b``: saves each panel model and prints ``{name: {path, task, key}}``, where ``key``
+- ``mint --models a,b``: saves each panel model and sends ``{name: {path, task, key}}``, where ``key``
   is exactly the model key this client sends (the server must be deployed under that key).
-- ``run --cases c1,c2``: one record per case, each ``{"ok": ..., ...}`` or a failure record; a case
-  that raises never stops the others.
+- ``run --cases c1,c2``: sends ``{"cases": {case: record}}``, each record ``{"ok": ..., ...}`` or a
+  failure record; a case that raises never stops the others. A ``first:`` case sends ``{"ready": case}``
+  before it (see ``stack.start_client``).
 
 Cases:
 
@@ -37,7 +39,7 @@ import sys
 import time
 import warnings
 
-from .. import checks, lines
+from .. import channel, checks, lines
 
 LINE = lines.current()
 
@@ -199,8 +201,8 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
 
     s = subject(name)
     key = s.model.to_model_key()
-    # Imports done, model wrapped: what stack.start_client(ready=True) waits for (stack.CLIENT_READY).
-    print("remote_client: ready", file=sys.stderr, flush=True)
+    # Imports done, model wrapped: what stack.start_client(ready=True) waits for.
+    channel.send({"ready": f"first:{name}"})
     deadline = time.time() + timeout
     polls = 0
     while True:
@@ -287,8 +289,10 @@ def main(argv=None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--cases", required=True)
     args = parser.parse_args(argv)
-    result = mint(args.models.split(",")) if args.action == "mint" else run(args.cases.split(","))
-    sys.stdout.write(json.dumps(result) + "\n")
+    if args.action == "mint":
+        channel.send(mint(args.models.split(",")))
+    else:
+        channel.send({"cases": run(args.cases.split(","))})
     return 0
 
 

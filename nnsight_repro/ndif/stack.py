@@ -43,17 +43,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import envs
+from .. import ROOT, channel, envs
 from .. import models as panel
 from . import config as configuration
 from . import deploy, netns, server_env
 
-PROBE = Path(__file__).resolve().parent / "probe.py"
 
 
 class StackError(Exception):
@@ -98,12 +96,13 @@ def _exclusive(cfg: configuration.StackConfig):
 # Inside the namespace --------------------------------------------------------------------------------
 
 def probe(cfg: configuration.StackConfig, *args: str, timeout: float = 20.0) -> dict:
-    """Ask ``probe.py`` a question from inside the namespace."""
-    result = subprocess.run(netns.command(cfg.netns, [sys.executable, str(PROBE), *args]),
-                            capture_output=True, text=True, timeout=timeout)
-    if result.returncode:
-        raise StackError(f"Could not probe inside namespace {cfg.netns}: {result.stderr.strip()}")
-    return json.loads(result.stdout)
+    """Ask :mod:`probe` a question from inside the namespace (with this Python: it needs only the stdlib)."""
+    try:
+        return channel.run_one(netns.command(cfg.netns, [sys.executable, "-m", "nnsight_repro.ndif.probe", *args]),
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=timeout,
+                               what=f"a network probe in namespace {cfg.netns}")
+    except channel.ChannelError as exc:
+        raise StackError(f"Could not probe inside namespace {cfg.netns}: {exc}") from None
 
 
 def http_get(cfg: configuration.StackConfig, path: str, timeout: float = 5.0) -> dict:
@@ -227,17 +226,12 @@ def _prepare_python_path(cfg: configuration.StackConfig, env: envs.Env) -> dict:
         for target in links:
             os.symlink(target, folder / target.name)
         expected = patched.path
-    # Resolved, not imported: the same lookup an import makes, without nnsight's ~5 s of torch and
-    # transformers imports (on two cores they would delay every service that starts after it).
-    code = ("import importlib.metadata as m, importlib.util, os, sys, json\n"
-            "spec = importlib.util.find_spec('nnsight')\n"
-            "print(json.dumps({'nnsight': m.version('nnsight'), 'file': os.path.realpath(spec.origin),"
-            " 'adaptations': any(type(f).__name__ == '_AdaptingFinder' for f in sys.meta_path)}))")
-    result = subprocess.run([str(env.python), "-c", code], env=cfg.environ(env.path / "venv" / "bin", role="ray"),
-                            capture_output=True, text=True, timeout=120)
-    if result.returncode:
-        raise StackError(f"The {cfg.server} server's Python cannot import nnsight: {result.stderr.strip()[-800:]}")
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        found = channel.run_one([str(env.python), "-m", "nnsight_repro.ndif.server_facts", "nnsight"],
+                                env=cfg.environ(env.path / "venv" / "bin", role="ray"), cwd=ROOT, timeout=120,
+                                what=f"the {cfg.server} server's environment {env.name!r} (where nnsight imports from)")
+    except channel.ChannelError as exc:
+        raise StackError(f"The {cfg.server} server's Python cannot import nnsight: {exc}") from None
     if not found["file"].startswith(str(expected) + os.sep) or not found["adaptations"]:
         raise StackError(f"The {cfg.server} server would import nnsight from {found['file']} (expected under "
                          f"{expected}), adaptations loaded: {found['adaptations']}.")
@@ -514,7 +508,7 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
         ping = http_get(cfg, "/ping")
         report["api"] = "answering" if ping.get("status") == 200 else ping.get("error") or f"HTTP {ping.get('status')}"
         levels = deployment_levels(api_status(cfg)) if report["api"] == "answering" else {}
-    except (StackError, subprocess.TimeoutExpired) as exc:
+    except StackError as exc:
         report["api"], levels = f"unreachable: {exc}", {}
     if report["api"] != "answering":
         report["problems"].append(f"the API at {cfg.api_url} is not answering ({report['api']})")
@@ -544,12 +538,12 @@ def client_command(cfg: configuration.StackConfig, env: envs.Env, args: List[str
 
 
 def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optional[str] = None,
-                 ready: bool = False, ready_timeout: float = 300) -> subprocess.Popen:
+                 ready: bool = False, ready_timeout: float = 300) -> channel.Stream:
     """:mod:`remote_client` cases, started in a client environment (default: the generation's first,
-    ``upstream-0.8`` for the 0.8 stack) inside the namespace.
+    ``upstream-0.8`` for the 0.8 stack) inside the namespace; its records come through the channel.
 
     ``ready``: return only once the client says it is ready (a ``first:`` case has imported nnsight and
-    wrapped its model; :data:`CLIENT_READY` on its stderr), so its start does not overlap the server's.
+    wrapped its model; its first record is ``{"ready": case}``), so its start does not overlap the server's.
     """
     if not netns.exists(cfg.netns):
         line = "" if cfg.line == "0.8" else f" --line {cfg.line}"
@@ -560,51 +554,29 @@ def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optio
         raise StackError(f"Client environment {client!r} does not speak the {cfg.line} stack's protocol; "
                          f"its clients: {', '.join(cfg.generation.clients)}.")
     env = envs.ensure(client, build=False)
-    process = subprocess.Popen(
+    stream = channel.start(
         client_command(cfg, env, ["-m", "nnsight_repro.ndif.remote_client", "run", "--cases", ",".join(cases)]),
-        env=env.environ({"NDIF_HOST": cfg.api_url}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env.environ({"NDIF_HOST": cfg.api_url}), cwd=ROOT,
+        what=f"the remote client in the {client!r} environment, namespace {cfg.netns}")
     if ready:
-        wait_ready(process, ready_timeout)
-    return process
+        wait_ready(stream, ready_timeout)
+    return stream
 
 
-#: What a ``first:`` case of :mod:`remote_client` prints on stderr once it is ready to send its request.
-CLIENT_READY = "remote_client: ready"
-
-
-def wait_ready(process: subprocess.Popen, timeout: float) -> None:
-    # Byte by byte from the pipe itself, in a thread (for the timeout): nothing after the ready line is
-    # taken from the pipe, so communicate() later still gets the rest of stderr.
-    seen, said_ready, done = [], threading.Event(), threading.Event()
-    fd = process.stderr.fileno()
-
-    def read() -> None:
-        line = b""
-        while True:
-            byte = os.read(fd, 1)
-            if not byte:
-                break
-            if byte != b"\n":
-                line += byte
-                continue
-            text = line.decode("utf-8", "replace")
-            if text.strip() == CLIENT_READY:
-                said_ready.set()
-                break
-            seen.append(text + "\n")
-            line = b""
-        done.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not done.wait(timeout):
-        process.kill()
-        process.wait()
-        raise StackError(f"The remote client was not ready after {timeout:.0f} s. Its stderr ends:\n"
-                         + "".join(seen[-15:]))
-    if not said_ready.is_set():
-        process.wait()
-        raise StackError(f"The remote client exited (code {process.returncode}) before it was ready. "
-                         f"Its stderr ends:\n" + "".join(seen[-15:]))
+def wait_ready(client: channel.Stream, timeout: float) -> None:
+    """Until the client's first record, ``{"ready": ...}``; a client that dies or hangs first is killed, named."""
+    try:
+        record = client.next(timeout)
+    except channel.ChannelTimeout as exc:
+        client.close()
+        raise StackError(f"The remote client was not ready after {timeout:.0f} s: {exc}") from None
+    except channel.ChannelError as exc:
+        client.close()
+        raise StackError(f"The remote client exited before it was ready: {exc}") from None
+    if record is None or "ready" not in record:
+        client.close()
+        raise StackError(f"The remote client {'exited' if record is None else f'sent {record!r}'} "
+                         f"before it was ready.")
 
 
 def up_to_first_trace(cfg: configuration.StackConfig, model: str, client: str,
@@ -616,16 +588,14 @@ def up_to_first_trace(cfg: configuration.StackConfig, model: str, client: str,
     first = {}
 
     def start_first_client(running_cfg):
-        first["process"] = start_client(running_cfg, [f"first:{model}"], client=client, ready=True)
+        first["client"] = start_client(running_cfg, [f"first:{model}"], client=client, ready=True)
 
     try:
         state = up(cfg, models=models, on_namespace=start_first_client, say=say)
-        record = client_records(cfg, first.pop("process"))[f"first:{model}"]
+        record = client_records(cfg, first["client"])[f"first:{model}"]
     finally:
-        process = first.get("process")
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
+        if "client" in first:
+            first["client"].close()
     if not record.get("ok"):
         raise StackError(f"The first remote trace ({model}, {client} client) failed: {record}")
     state["timings"]["first_trace_s"] = round(record["done_epoch"] - state["cold_start_epoch"], 2)
@@ -639,26 +609,19 @@ def timing_medians(record: dict) -> dict:
     return {"remote_median_s": round(remote, 4), "local_median_s": round(local, 4), "ratio": round(remote / local, 1)}
 
 
-def _finish(process: subprocess.Popen, timeout: float):
-    """A child's (stdout, stderr), killed after ``timeout`` seconds (its stderr then says so)."""
+def client_records(cfg: configuration.StackConfig, client: channel.Stream, timeout: float = 600) -> dict:
+    """The case records of a :func:`start_client` client; a client that dies, or a dead stack, is named."""
     try:
-        return process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
-        return stdout, stderr + f"\n(killed after {timeout:.0f} s)"
-
-
-def client_records(cfg: configuration.StackConfig, process: subprocess.Popen, timeout: float = 600) -> dict:
-    """The records of a :func:`start_client` process; a client that dies, or a dead stack, is named."""
-    stdout, stderr = _finish(process, timeout)
-    lines = stdout.strip().splitlines()
-    if process.returncode or not lines:
+        sent = [r for r in client.records(timeout) if "ready" not in r]
+        if len(sent) != 1 or "cases" not in sent[0]:
+            raise client._error(f"sent {sent!r} instead of one record of cases")
+    except channel.ChannelError as exc:
         problems = status(cfg)["problems"]
         health = ("; the stack is not healthy: " + "; ".join(problems)) if problems else ""
-        raise StackError(f"The remote client failed (exit {process.returncode}){health}. Its stderr ends:\n"
-                         + "\n".join(stderr.strip().splitlines()[-15:]))
-    records = json.loads(lines[-1])
+        raise StackError(f"The remote client failed{health}: {exc}") from None
+    finally:
+        client.close()
+    records = sent[0]["cases"]
     # A failed case on a stack that died says so, instead of leaving the reader with a connection error.
     if any(not r.get("ok") for r in records.values()):
         problems = status(cfg)["problems"]
@@ -681,20 +644,24 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
     """``parallel`` loops of ``count`` Ray clients connecting to the running stack's Ray as its API does
     (``ray_clients.py``, inside the namespace): every attempt's record, ``loop`` added."""
     env = server_env.ensure(build=False, line=cfg.line)
-    script = Path(__file__).with_name("ray_clients.py")
-    loops = [subprocess.Popen(netns.command(cfg.netns, [str(env.python), str(script),
-                                                        configuration.RAY_CLIENT_ADDRESS, str(count)]),
-                              env=cfg.environ(env.path / "venv" / "bin", role="api"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(parallel)]
+    argv = netns.command(cfg.netns, [str(env.python), "-m", "nnsight_repro.ndif.ray_clients",
+                                     configuration.RAY_CLIENT_ADDRESS, str(count)])
+    loops = [channel.start(argv, env=cfg.environ(env.path / "venv" / "bin", role="api"), cwd=ROOT,
+                           what=f"Ray client loop {number} in the {env.name!r} environment, namespace {cfg.netns}")
+             for number in range(parallel)]
     records = []
-    for number, loop in enumerate(loops):
-        stdout, stderr = _finish(loop, timeout)
-        attempts = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-        if loop.returncode or len(attempts) != count:
-            raise StackError(f"Ray client loop {number} ended with code {loop.returncode} after "
-                             f"{len(attempts)} of {count} connects: {stderr.strip()[-800:]}")
-        records += [{**attempt, "loop": number} for attempt in attempts]
+    try:
+        for number, loop in enumerate(loops):
+            try:
+                attempts = loop.records(timeout)
+            except channel.ChannelError as exc:
+                raise StackError(str(exc)) from None
+            if len(attempts) != count:
+                raise StackError(f"Ray client loop {number} reported {len(attempts)} of {count} connects.")
+            records += [{**attempt, "loop": number} for attempt in attempts]
+    finally:
+        for loop in loops:
+            loop.close()
     return records
 
 
@@ -711,10 +678,11 @@ def inline_cap(cfg: Optional[configuration.StackConfig] = None) -> int:
     """The largest result the server hands back inline (ndif derives it from our Redis's pubsub limits)."""
     cfg = cfg or configuration.default()
     env = server_env.ensure(build=False)
-    code = ("from ndif.common.providers.redis import RedisProvider\n"
-            "print(RedisProvider.max_publish_bytes())")
-    result = subprocess.run(netns.command(cfg.netns, [str(env.python), "-c", code]),
-                            env=cfg.environ(env.path / "venv" / "bin"), capture_output=True, text=True, timeout=60)
-    if result.returncode:
-        raise StackError(f"Could not read the server's inline cap: {result.stderr.strip()[-500:]}")
-    return int(result.stdout.split()[-1])
+    try:
+        found = channel.run_one(netns.command(cfg.netns, [str(env.python), "-m", "nnsight_repro.ndif.server_facts",
+                                                          "inline-cap"]),
+                                env=cfg.environ(env.path / "venv" / "bin"), cwd=ROOT, timeout=60,
+                                what=f"the server environment {env.name!r} in namespace {cfg.netns} (its inline cap)")
+    except channel.ChannelError as exc:
+        raise StackError(f"Could not read the server's inline cap: {exc}") from None
+    return found["inline_cap"]

@@ -2,7 +2,8 @@
 
 Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
 with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
-validated by the runner) as JSON on stdin and writes one JSON object per line to stdout:
+validated by the runner) as JSON on stdin and sends one record per event through the result channel
+(:mod:`nnsight_repro.channel`; nnsight's own status display keeps stdout and stderr):
 
     {"event": "start", "probe": id}
     {"event": "status", "probe": id, "status": "RECEIVED" | "QUEUED" | "RUNNING" | "COMPLETED" | ...}
@@ -24,20 +25,15 @@ import time
 import traceback
 import warnings
 
-from nnsight_repro import lines, models
+from nnsight_repro import channel, lines, models
 
 LINE = lines.current()
 _current_probe = None
 
 
-#: The runner reads events from here; nnsight's own status display writes to ``sys.stdout``, which
-#: :func:`main` points at stderr so it cannot interleave with an event line.
-EVENTS = sys.stdout
-
-
 def emit(**event) -> None:
-    EVENTS.write(json.dumps(event, default=str) + "\n")
-    EVENTS.flush()
+    # Through JSON with default=str first: an observation may hold a value JSON cannot name (a dtype).
+    channel.send(json.loads(json.dumps(event, default=str)))
 
 
 def watch_statuses() -> None:
@@ -206,7 +202,6 @@ def main() -> int:
     for probe in probes:
         if "model" in probe:
             models.import_requirements(models.get(probe["model"]["panel"]))
-    sys.stdout = sys.stderr
     watch_statuses()
     for probe in probes:
         emit(event="start", probe=probe["id"])

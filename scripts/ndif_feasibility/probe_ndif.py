@@ -35,9 +35,7 @@ import json
 import os
 import shlex
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 import urllib.error
@@ -50,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from nnsight_repro import envs, lines, models  # noqa: E402
+from nnsight_repro import channel, envs, lines, models  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "probe_client.py"
@@ -357,21 +355,21 @@ def serving_order(chosen: List[str]) -> List[str]:
 def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
     """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs."""
     env = envs.ensure(CLIENT_LINES[client_line].env)
-    # stderr (nnsight's own progress display) goes to a file: a pipe nobody reads while we read stdout
-    # would fill up and block the client.
-    errors = tempfile.TemporaryFile(mode="w+")
-    process = subprocess.Popen(host.command(env, [str(CLIENT)]), env=host.environ(env), cwd=ROOT,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
+    client = channel.start(host.command(env, [str(CLIENT)]), env=host.environ(env), cwd=ROOT, input=json.dumps(probes),
+                           what=f"the {client_line} probe client in the {env.name!r} environment")
     observed: Dict[str, dict] = {}
     context: dict = {}
-    process.stdin.write(json.dumps(probes))
-    process.stdin.close()
     trail: Dict[str, List[str]] = {}
-    for raw in process.stdout:
+    died = None
+    while True:
         try:
-            event = json.loads(raw)
-        except ValueError:
-            continue
+            event = client.next()
+        except channel.ChannelError as exc:
+            died = exc
+            break
+        if event is None:
+            break
         probe_id = event.get("probe")
         if event.get("event") == "start":
             trail[probe_id] = []
@@ -386,19 +384,19 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
             say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
         elif event.get("event") == "context":
             context = {"client": event["client"], "server_env": event["server_env"]}
-    process.wait()
-    errors.seek(0)
-    stderr = errors.read()
-    errors.close()
+    returncode = client.process.wait()
+    stderr_tail = client.stderr_tail(15)
+    client.close()
     for probe in probes:
         if probe["id"] not in observed:
             # The client died before reaching this probe: that is its observation.
             observed[probe["id"]] = {"status": "error", "error": "ClientDied",
-                                     "message": f"the {client_line} client exited with code {process.returncode} "
-                                                f"before this probe finished",
-                                     "client_stderr_tail": "\n".join(stderr.strip().splitlines()[-15:]),
+                                     "message": f"the {client_line} client exited with code {returncode} "
+                                                f"before this probe finished"
+                                                + (f" ({died.reason})" if died else ""),
+                                     "client_stderr_tail": stderr_tail,
                                      "seconds": 0.0, "statuses": trail.get(probe["id"], [])}
-            say(f"{probe['id']}: ClientDied (exit {process.returncode})")
+            say(f"{probe['id']}: ClientDied (exit {returncode})")
     return observed, context
 
 
