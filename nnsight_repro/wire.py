@@ -1,0 +1,185 @@
+"""The wire, tested the way an NDIF model actor receives it.
+
+A client compiles a trace into the exact request bytes its remote backend
+would send (:func:`request`); a fresh process of *another* environment, the
+server, wraps the same model first and then deserializes the request against
+that wrapper's persistent objects and executes it (:func:`actor`), as a model
+actor does. Whether a patched client's requests run on a released server is
+decided here, offline, by the two nnsight installs themselves.
+
+:func:`named_globals` reads which importable names a request makes the
+unpickler look up, statically, without running it.
+
+Runs inside a test environment (torch, transformers, nnsight), except
+``named_globals``, which needs only the standard library. It does not start
+servers or speak HTTP: the live stacks are ``nnsight_repro.ndif``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickletools
+from pathlib import Path
+from typing import Dict, Set, Tuple
+
+#: The traces a request can carry: two reads and the layer output, or a write and what it changes.
+TRACES = ("read", "write")
+
+
+def _trace(subject, kind: str, backend=None) -> Dict[str, object]:
+    """Run ``kind`` on ``subject`` (locally, or compiled by ``backend``); the saved values by name."""
+    import torch
+
+    (_, first, attr), (_, final, final_attr) = subject.read_points()
+    # Only nnsight's objects inside the block: it is what the request carries.
+    model = subject.model
+    kwargs = {} if backend is None else {"backend": backend}
+    with torch.no_grad(), model.trace(subject.ids[0], **kwargs):
+        if kind == "read":
+            first_layer = getattr(first, attr).save()
+            final_hidden = getattr(final, final_attr).save()
+        else:
+            value = getattr(first, attr)
+            hidden = value[0] if isinstance(value, tuple) else value
+            hidden[:] = 0
+        logits = model.output.logits.save()
+    if backend is not None:  # compiled into a request, not run
+        return {}
+    if kind == "read":
+        return {"first_layer": first_layer, "final_hidden": final_hidden, "logits": logits}
+    return {"logits": logits}
+
+
+def request(subject, kind: str) -> bytes:
+    """The bytes ``subject``'s remote backend would send for trace ``kind``."""
+    from nnsight.intervention.backends.base import Backend
+    from nnsight.intervention.backends.remote import pull_env
+    from nnsight.schema.request import RequestModel
+
+    class Capture(Backend):
+        """Builds the request as ``RemoteBackend.request`` does, and keeps it instead of sending it."""
+
+        def __call__(self, tracer):
+            interventions = super().__call__(tracer)
+            pull_env()
+            self.payload = RequestModel(interventions=interventions, tracer=tracer).serialize(compress=False)
+
+    capture = Capture()
+    _trace(subject, kind, backend=capture)
+    return capture.payload
+
+
+def local(subject, kind: str) -> Dict[str, object]:
+    return {name: _plain(value) for name, value in _trace(subject, kind).items()}
+
+
+def actor(subject, payload: bytes) -> Dict[str, object]:
+    """What a model actor returns for ``payload``: deserialize against its own wrapper, execute."""
+    from nnsight.schema.request import RequestModel
+
+    loaded = RequestModel.deserialize(payload, subject.model._remoteable_persistent_objects(), compress=False)
+    return {name: _plain(value) for name, value in loaded.tracer.execute(loaded.interventions).items()}
+
+
+def _plain(value):
+    """A saved value as a tensor, as the check routine compares hidden states."""
+    from .checks import hidden_states
+
+    return hidden_states(value).detach().clone()
+
+
+def named_globals(payload: bytes) -> Set[Tuple[str, str]]:
+    """Every (module, name) the unpickler would import for ``payload``, read from its opcodes.
+
+    Protocol 4 names a global with two strings pushed (or fetched from the
+    memo) right before ``STACK_GLOBAL``, so tracking the strings is enough.
+    """
+    memo: Dict[int, object] = {}
+    strings: list = []
+    last = None
+    found = set()
+    for opcode, arg, _ in pickletools.genops(payload):
+        name = opcode.name
+        if name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
+            last = arg
+            strings.append(arg)
+        elif name == "MEMOIZE":
+            memo[len(memo)] = last
+        elif name in ("BINGET", "LONG_BINGET", "GET"):
+            last = memo.get(arg)
+            strings.append(last)
+        elif name == "STACK_GLOBAL":
+            found.add((strings[-2], strings[-1]))
+            last = None
+        elif name == "GLOBAL":
+            module, _, attribute = arg.partition(" ")
+            found.add((module, attribute))
+            last = None
+        else:
+            last = None
+    return found
+
+
+def write_requests(folder: Path, models, traces=TRACES) -> None:
+    """Client side: for each model and trace, the request bytes and the local trace's values."""
+    import torch
+
+    from . import checks
+
+    for model in models:
+        subject = checks.Subject(model)
+        for kind in traces:
+            (folder / f"{model}.{kind}.request").write_bytes(request(subject, kind))
+            torch.save(local(subject, kind), folder / f"{model}.{kind}.local")
+
+
+def serve_requests(folders, models, traces=TRACES) -> list:
+    """Server side: every client folder's requests run as a model actor runs them, each against its local values.
+
+    A request that fails is a record, not a crash: the next one still runs.
+    """
+    import torch
+
+    from . import checks
+
+    records = []
+    for model in models:
+        subject = checks.Subject(model)
+        for folder in folders:
+            for kind in traces:
+                record = {"client": Path(folder).name, "model": model, "trace": kind}
+                try:
+                    saves = actor(subject, (Path(folder) / f"{model}.{kind}.request").read_bytes())
+                except Exception as exc:  # the server's answer, recorded as the user would see it
+                    records.append({**record, **checks.failure(exc)})
+                    continue
+                expected = torch.load(Path(folder) / f"{model}.{kind}.local")
+                diffs = {name: float((saves[name] - value).abs().max())
+                         for name, value in expected.items() if name in saves}
+                records.append({**record, "ok": set(saves) == set(expected) and max(diffs.values()) == 0.0,
+                                "saved": sorted(saves), "max_abs_diff": max(diffs.values(), default=None)})
+    return records
+
+
+def main(argv=None) -> int:
+    """``python -m nnsight_repro.wire client|server ...``: one side of the wire, in this environment."""
+    from . import channel
+
+    parser = argparse.ArgumentParser(prog="python -m nnsight_repro.wire")
+    parser.add_argument("side", choices=["client", "server"])
+    parser.add_argument("--models", required=True, help="comma-separated panel names")
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("folders", nargs="+", type=Path,
+                        help="client: the folder to write into; server: each client's folder")
+    args = parser.parse_args(argv)
+    models, traces = args.models.split(","), args.traces.split(",")
+    if args.side == "client":
+        write_requests(args.folders[0], models, traces)
+        channel.send({"written": str(args.folders[0])})
+    else:
+        channel.send({"records": serve_requests(args.folders, models, traces)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
