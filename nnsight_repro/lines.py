@@ -8,7 +8,7 @@
 =====================  ==========================  ==========================
 colliding child        ``layer.output``            ``layer.E_output``
 nnsight's output       ``layer.nns_output``        ``layer.output``
-synthesized class      ``Envoy__Preserved_output`` none
+synthesized class      one, unbound (by value)     none
 wrapper                ``LanguageModel``           ``TransformersModel``
 model class in key     ``"automodel"``             ``"task"``
 hub-id cache           ``ID_CACHE``                ``_ID_CACHE``

@@ -26,28 +26,33 @@ from typing import Dict, Set, Tuple
 TRACES = ("read", "write")
 
 
-def _trace(subject, kind: str, backend=None) -> Dict[str, object]:
-    """Run ``kind`` on ``subject`` (locally, or compiled by ``backend``); the saved values by name."""
+def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
+    """Run trace ``kind`` on ``subject``; the saved values by name (none when a backend only compiles it).
+
+    ``read`` saves the first layer's and the final hidden states' output and the logits; ``write`` zeroes
+    the first token's state in the first layer's output (zeroing every position would make a tiny model's
+    zero biases carry zeros to the logits, which proves little) and saves the logits. ``trace_kwargs`` go to
+    ``model.trace`` (``backend=...``, ``remote=True``).
+    """
     import torch
 
     (_, first, attr), (_, final, final_attr) = subject.read_points()
     # Only nnsight's objects inside the block: it is what the request carries.
     model = subject.model
-    kwargs = {} if backend is None else {"backend": backend}
-    with torch.no_grad(), model.trace(subject.ids[0], **kwargs):
+    with torch.no_grad(), model.trace(subject.ids[0], **trace_kwargs):
         if kind == "read":
             first_layer = getattr(first, attr).save()
             final_hidden = getattr(final, final_attr).save()
         else:
             value = getattr(first, attr)
             hidden = value[0] if isinstance(value, tuple) else value
-            hidden[:] = 0
+            hidden[:, 0] = 0
         logits = model.output.logits.save()
-    if backend is not None:  # compiled into a request, not run
+    if "backend" in trace_kwargs:  # compiled into a request, not run
         return {}
-    if kind == "read":
-        return {"first_layer": first_layer, "final_hidden": final_hidden, "logits": logits}
-    return {"logits": logits}
+    saved = {"logits": logits} if kind == "write" else \
+        {"first_layer": first_layer, "final_hidden": final_hidden, "logits": logits}
+    return {name: _plain(value) for name, value in saved.items()}
 
 
 def request(subject, kind: str) -> bytes:
@@ -65,12 +70,8 @@ def request(subject, kind: str) -> bytes:
             self.payload = RequestModel(interventions=interventions, tracer=tracer).serialize(compress=False)
 
     capture = Capture()
-    _trace(subject, kind, backend=capture)
+    traced(subject, kind, backend=capture)
     return capture.payload
-
-
-def local(subject, kind: str) -> Dict[str, object]:
-    return {name: _plain(value) for name, value in _trace(subject, kind).items()}
 
 
 def actor(subject, payload: bytes) -> Dict[str, object]:
@@ -130,7 +131,7 @@ def write_requests(folder: Path, models, traces=TRACES) -> None:
         subject = checks.Subject(model)
         for kind in traces:
             (folder / f"{model}.{kind}.request").write_bytes(request(subject, kind))
-            torch.save(local(subject, kind), folder / f"{model}.{kind}.local")
+            torch.save(traced(subject, kind), folder / f"{model}.{kind}.local")
 
 
 def serve_requests(folders, models, traces=TRACES) -> list:

@@ -154,8 +154,9 @@ def explain_patched_failures(archs: List[dict], scans: Dict[str, dict]) -> List[
                                                        else "passes"))
             synthesized = record.get("synthesized_classes", {})
             if synthesized.get("count", 0) > 1:
-                names = [c.rsplit(".", 1)[-1] for c in synthesized.get("classes", [])]
-                chained = [n for n in names if n.count("__Preserved_") > 1]
+                # module.qualname; the synthesized qualnames themselves have dots (Envoy.Preserved).
+                names = synthesized.get("classes", [])
+                chained = [n for n in names if n.count("Preserved") > 1]
                 how = (f"{', '.join(chained)} is chained on another synthesized class because one module has "
                        f"two colliding children" if chained else
                        "one class per colliding name, as the series designs it (one per base class and mount "

@@ -23,7 +23,8 @@ from nnsight_repro.ndif import config, negative_control, stack
 from nnsight_repro.paths import cache_dir
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
-PRESERVED_CLASS = "Can't get attribute 'Envoy__Preserved_output' on <module 'nnsight.intervention.envoy'"
+#: The class each masked LM must be rebuilt as: what the key's automodel selects.
+MASKED_LM_CLASSES = [("bert-mlm", "BertForMaskedLM"), ("esm-mlm", "EsmForMaskedLM")]
 ATOL = negative_control.ATOL
 
 
@@ -39,8 +40,8 @@ def patched_server(ndif07_patched):
     return ndif07_patched
 
 
-def case(result, client, model):
-    return result["clients"][client][f"trace:{model}:{ATOL}"]
+def case(result, client, model, kind="trace"):
+    return result["clients"][client][f"{kind}:{model}:{ATOL}"]
 
 
 def built_for(result, key):
@@ -61,6 +62,11 @@ def assert_within_bf16_tolerance(record):
         assert record[point]["max_abs_diff"] <= ATOL, (point, record)
 
 
+def assert_write_within_bf16_tolerance(record):
+    assert record["ok"] and record["write_changes_local_logits"], record
+    assert record["logits"]["dtype"] == "torch.bfloat16" and record["logits"]["max_abs_diff"] <= ATOL, record
+
+
 # Stock server ----------------------------------------------------------------------------------------
 
 def test_stock_server_serves_the_decoder_control_to_a_stock_client(stock_server):
@@ -78,13 +84,26 @@ def test_stock_client_bert_fails_on_the_server_with_hooked_output_name_error(sto
     assert built_for(stock_server, record["key"]) == ["BertLMHeadModel"]
 
 
-def test_patched_client_bert_on_a_stock_server_cannot_find_the_memoized_class(stock_server):
-    record = case(stock_server, "patched", "bert-mlm")
-    assert not record["ok"]
-    assert PRESERVED_CLASS in record["message"], record["message"]
+@pytest.mark.parametrize("model, built", MASKED_LM_CLASSES)
+def test_patched_client_encoder_reads_run_on_a_stock_server(stock_server, model, built):
+    """What the public NDIF runs: a stock server, and a client with the series."""
+    record = case(stock_server, "patched", model)
+    assert_within_bf16_tolerance(record)
+    assert record["read_points"][0] == "first_layer: nns_output"
     # The automodel in the key needs only the client: a stock server already rebuilds the masked LM.
     assert key_fields(record["key"])["automodel"] == "AutoModelForMaskedLM"
-    assert built_for(stock_server, record["key"]) == ["BertForMaskedLM"]
+    assert built_for(stock_server, record["key"]) == [built]
+
+
+@pytest.mark.parametrize("model", ["bert-mlm", "esm-mlm"])
+def test_patched_client_encoder_writes_run_on_a_stock_server(stock_server, model):
+    assert_write_within_bf16_tolerance(case(stock_server, "patched", model, "write"))
+
+
+@pytest.mark.parametrize("client", ["main", "patched"])
+def test_decoder_reads_and_writes_run_on_a_stock_server_from_either_client(stock_server, client):
+    assert_within_bf16_tolerance(case(stock_server, client, "gpt2"))
+    assert_write_within_bf16_tolerance(case(stock_server, client, "gpt2", "write"))
 
 
 def test_stock_server_runs_its_own_stock_nnsight(stock_server):
@@ -95,13 +114,14 @@ def test_stock_server_runs_its_own_stock_nnsight(stock_server):
 
 # Patched server --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, built", [("bert-mlm", "BertForMaskedLM"), ("esm-mlm", "EsmForMaskedLM")])
-def test_patched_client_and_server_save_encoder_layer_outputs(patched_server, model, built):
+@pytest.mark.parametrize("model, built", MASKED_LM_CLASSES)
+def test_patched_client_and_server_read_and_write_encoders(patched_server, model, built):
     record = case(patched_server, "patched", model)
     assert_within_bf16_tolerance(record)
     # 0.7 + the series reads a colliding layer's own output as `nns_output`.
     assert record["read_points"][0] == "first_layer: nns_output"
     assert built_for(patched_server, record["key"]) == [built]
+    assert_write_within_bf16_tolerance(case(patched_server, "patched", model, "write"))
 
 
 def test_stock_client_bert_on_a_patched_server_still_fails_with_hooked_output(patched_server):

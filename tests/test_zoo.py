@@ -139,5 +139,5 @@ def test_the_two_findings_beyond_output_reproduce_on_minimal_trees(report):
     # Two colliding children on one module: the release fails; the series' chained class still round-trips.
     assert "hooked_input" in found["main"]["input_and_output_children"]["message"]
     assert found["patched"]["input_and_output_children"] == {
-        "ok": True, "path_types": ["str"], "synthesized_classes": ["Envoy__Preserved_input__Preserved_output"]}
+        "ok": True, "path_types": ["str"], "synthesized_classes": ["Envoy.Preserved.Preserved"]}
     assert found["upstream-0.8"]["input_and_output_children"]["ok"] is True

@@ -31,13 +31,17 @@ from . import config, netns, server_env, stack
 #: Tolerance of a trace against the local float32 run (see remote_client.BF16_ATOL for why).
 ATOL = 0.08
 
-#: server flavour -> client environment -> remote_client cases. GPT-2 (a decoder, which never takes the
-#: envoy path) is the control; BERT and ESM masked LMs save encoder-layer outputs.
+#: The models every pairing traces: GPT-2 (a decoder, which never takes the envoy path) is the control;
+#: BERT and ESM masked LMs have an ``output`` child in every layer.
+MODELS = ("gpt2", "bert-mlm", "esm-mlm")
+#: Each model read (first layer and final hidden states) and written (a layer output zeroed, logits read).
+CASES = [f"{kind}:{model}:{ATOL}" for model in MODELS for kind in ("trace", "write")]
+
+#: server flavour -> client environment -> remote_client cases: the whole matrix, client {stock, patched}
+#: x server {stock, patched}. The pairing that matters most is the patched client against the stock
+#: server, because that is what the public NDIF runs.
 PAIRINGS: Dict[str, Dict[str, List[str]]] = {
-    "stock": {"main": [f"trace:gpt2:{ATOL}", f"trace:bert-mlm:{ATOL}"],
-              "patched": [f"trace:bert-mlm:{ATOL}"]},
-    "patched": {"patched": [f"trace:bert-mlm:{ATOL}", f"trace:esm-mlm:{ATOL}"],
-                "main": [f"trace:bert-mlm:{ATOL}"]},
+    server: {client: CASES for client in ("main", "patched")} for server in ("stock", "patched")
 }
 
 

@@ -140,6 +140,23 @@ def case_trace(name: str, atol: float = 0.0) -> dict:
     return record
 
 
+def case_write(name: str, atol: float = 0.0) -> dict:
+    """A write on the server: its logits against the same write run locally, and proof that it wrote."""
+    from .. import wire
+
+    s = subject(name)
+    KEYS[name] = s.model.to_model_key()
+    local, unwritten = wire.traced(s, "write")["logits"], wire.traced(s, "read")["logits"]
+    started = time.perf_counter()
+    remote = wire.traced(s, "write", remote=True)["logits"]
+    same_shape = remote.shape == local.shape
+    diff = float((remote.float() - local).abs().max()) if same_shape else None
+    return {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(), "atol": atol,
+            "logits": {"shape": list(remote.shape), "dtype": str(remote.dtype), "max_abs_diff": diff},
+            "write_changes_local_logits": not bool((local == unwritten).all()),
+            "ok": diff is not None and diff <= atol}
+
+
 def _failing_body(s: checks.Subject, remote):
     """Index a 3-d hidden state with four indices: fails inside the block, wherever it runs."""
     kwargs = {} if remote is None else {"remote": remote}
@@ -259,6 +276,9 @@ def run(cases) -> dict:
             if kind == "trace":
                 name, _, atol = arg.partition(":")
                 record = case_trace(name, float(atol or 0))
+            elif kind == "write":
+                model, _, atol = arg.partition(":")
+                record = case_write(model, float(atol or 0))
             elif kind == "error":
                 record = case_error()
             elif kind == "large":
@@ -274,7 +294,7 @@ def run(cases) -> dict:
             # A server's traceback comes first in the message and the error itself last: keep both ends.
             text = str(exc)
             record = {**checks.failure(exc), "message": text if len(text) <= 6000 else text[:3000] + " ... " + text[-3000:]}
-            if kind == "trace" and arg.partition(":")[0] in KEYS:
+            if kind in ("trace", "write") and arg.partition(":")[0] in KEYS:
                 record["key"] = KEYS[arg.partition(":")[0]]
         record["wall_s"] = round(time.perf_counter() - started, 3)
         out[case] = record
