@@ -3,8 +3,8 @@
 
 Every BERT layer has two submodules called ``output``. Released nnsight 0.7.0
 synthesizes a new ``Envoy.Preserved`` class for each envoy with such a child
-(two per layer); our series (env ``patched``) shares one memoized
-``Envoy__Preserved_output``; nnsight 0.8.1 (env ``upstream-0.8``) synthesizes
+(two per layer); our series (env ``patched``) shares one memoized class, which
+still travels by value; nnsight 0.8.1 (env ``upstream-0.8``) synthesizes
 none. For each layer count and environment this measures, on the tiny
 ``bert-mlm`` panel model with random weights:
 
@@ -19,7 +19,12 @@ none. For each layer count and environment this measures, on the tiny
   nnsight sends with ``compress=False``) and zstd-compressed (nnsight's own
   level). On ``main`` the trace then fails at deserialization; serialization
   happens first, so the size is still measured and the error is recorded.
-  ``--explain`` also breaks each request down by envoy field (from the pickle).
+  ``--explain`` also breaks each request down by envoy field (from the pickle);
+- what the synthesized classes alone cost a request (all of them by value): on
+  the series the same at every depth;
+- at the smallest layer count, ``--reloads`` loads of one request as a shared
+  model actor would: live Envoy classes after the first load and after all of
+  them, max RSS growth, and milliseconds per load.
 
 It prints numbers and ratios against the bars; it asserts nothing. Run from the
 project root with the system python (stdlib only here; each measurement runs
@@ -55,7 +60,7 @@ RATIOS = [
     ("construct best   patched/main", "patched", "main", "construct_best_s", 1.05, None),
     ("construct median patched/main", "patched", "main", "construct_median_s", None, None),
     ("request raw  patched/upstream-0.8", "patched", "upstream-0.8", "request_raw_bytes", 0.85, {12}),
-    ("request raw  patched/main", "patched", "main", "request_raw_bytes", None, None),
+    ("request raw  patched/main", "patched", "main", "request_raw_bytes", 0.80, {12}),
     ("request zstd patched/upstream-0.8", "patched", "upstream-0.8", "request_zstd_bytes", None, None),
     ("request zstd patched/main", "patched", "main", "request_zstd_bytes", None, None),
 ]
@@ -200,7 +205,54 @@ def measure_request(layers: int, dump: Optional[str]) -> dict:
     else:
         result["request_raw_bytes"] = result["request_zstd_bytes"] = None
     result["synthesized_classes_trace_wrapper"] = len(_synthesized(model.modules()))
+    from nnsight.intervention import serialization
+
+    # What the classes themselves cost a request: all of them go by value, once each.
+    classes = sorted(_synthesized(model.modules()), key=id)
+    result["synthesized_classes_bytes"] = len(serialization.dumps(classes)) - len(serialization.dumps([]))
+    if payloads and RELOADS:
+        result.update(measure_reloads(model, payloads[0], RELOADS))
     return result
+
+
+#: Set by --reloads: how often one request is loaded again for the live-class count (0: not measured).
+RELOADS = 0
+
+
+def _live_envoy_classes() -> int:
+    import gc
+
+    from nnsight.intervention.envoy import Envoy
+
+    gc.collect()
+    found, todo = set(), [Envoy]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return len(found)
+
+
+def measure_reloads(model, payload: bytes, count: int) -> dict:
+    """Load one request ``count`` times, as a shared model actor would: do classes or memory accumulate?"""
+    import resource
+
+    from nnsight.schema.request import RequestModel
+
+    persistent = model._remoteable_persistent_objects()
+    try:
+        RequestModel.deserialize(payload, persistent)
+    except Exception as exc:  # main: the hooked_output NameError
+        return {"reloads": count, "reload_error": f"{type(exc).__name__}: {exc}"[:300]}
+    before, rss_before = _live_envoy_classes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    for _ in range(count):
+        RequestModel.deserialize(payload, persistent)
+    seconds = time.perf_counter() - started
+    return {"reloads": count, "reload_s": seconds / count, "live_envoy_classes_before": before,
+            "live_envoy_classes_after": _live_envoy_classes(),
+            "max_rss_growth_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before}
 
 
 def measure(layers: int, repeats: int, dump: Optional[str], request: bool = True) -> dict:
@@ -441,10 +493,12 @@ def _versions_from_stamp(stamp: dict) -> Dict[str, str]:
     return found
 
 
-def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float, request: bool) -> dict:
+def run_one(env, layers: int, repeats: int, dump: Optional[str], timeout: float, request: bool,
+            reloads: int = 0) -> dict:
     from nnsight_repro import channel
 
-    args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats)]
+    args = [str(Path(__file__).resolve()), "--measure", "--layers", str(layers), "--repeats", str(repeats),
+            "--reloads", str(reloads)]
     if dump:
         args += ["--dump-payloads", str(Path(dump).resolve())]
     if not request:
@@ -517,6 +571,11 @@ def print_table(layers: int, repeats: int, rounds: int, names: List[str], result
         ("construct median (ms)", lambda r: r.get("construct_median_s"), "ms"),
         ("request raw (bytes)", lambda r: r.get("request_raw_bytes"), "int"),
         ("request zstd-6 (bytes)", lambda r: r.get("request_zstd_bytes"), "int"),
+        ("  synthesized classes (bytes)", lambda r: r.get("synthesized_classes_bytes"), "int"),
+        ("live Envoy classes, 1st load", lambda r: r.get("live_envoy_classes_before"), "int"),
+        ("  after --reloads more", lambda r: r.get("live_envoy_classes_after"), "int"),
+        ("  max RSS growth (KiB)", lambda r: r.get("max_rss_growth_kib"), "int"),
+        ("  per load (ms)", lambda r: r.get("reload_s"), "ms"),
         ("trace(remote='local')", lambda r: r.get("trace", r.get("failed")), "str"),
     ]
     for label, get, kind in rows:
@@ -579,7 +638,8 @@ def driver(args) -> int:
                 print(f"[bench] {layers} layers, round {round_ + 1}/{args.rounds}: {name} ...",
                       file=sys.stderr, flush=True)
                 # The request is deterministic: measure it once, in the first round.
-                record = run_one(loaded[name], layers, args.repeats, dump, args.timeout, request=round_ == 0)
+                record = run_one(loaded[name], layers, args.repeats, dump, args.timeout, request=round_ == 0,
+                                 reloads=args.reloads if round_ == 0 and layers == min(layer_counts) else 0)
                 if args.explain and record.get("request_dump"):
                     record["request_anatomy"] = request_anatomy(Path(record["request_dump"]).read_bytes())
                     if not args.dump_payloads:
@@ -603,6 +663,7 @@ def driver(args) -> int:
             "benchmark": "overloaded_mount",
             "provenance": provenance,
             "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "rounds": args.rounds,
+                         "reloads": args.reloads,
                          "torch_threads": 1,
                          "zstd_level": ZSTD_LEVEL, "envs": names},
             "results": results,
@@ -628,12 +689,17 @@ def main(argv=None) -> int:
                         help="also break each request down by envoy field (bytes per envoy), from the pickle itself")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement process")
     # Internal: the measurement half, run by an environment's python.
+    parser.add_argument("--reloads", type=int, default=10000,
+                        help="loads of one request, at the smallest layer count, for the live-class count "
+                             "(default 10000; 0 skips)")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-request", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rounds < 1:
         parser.error("--repeats and --rounds must be at least 1")
     if args.measure:
+        global RELOADS
+        RELOADS = args.reloads
         record = measure(int(args.layers), args.repeats, args.dump_payloads, request=not args.skip_request)
         from nnsight_repro import channel
 
