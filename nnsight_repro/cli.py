@@ -17,11 +17,21 @@ TEST_ENVS = ["main", "patched", "upstream-0.8"]
 TOOL_ENVS = ["tools"]
 
 
+def setup(with_servers: bool = True) -> dict:
+    """Every environment the suite uses, missing ones built: the test environments, tools, the NDIF servers'."""
+    jobs = {name: (lambda n=name: envs.ensure(n)) for name in [*TEST_ENVS, *TOOL_ENVS]}
+    if with_servers:
+        from .ndif import server_env
+
+        for line in server_env.SERVERS:
+            jobs[server_env.server_spec(line).name] = lambda line=line: server_env.ensure(line=line)
+    return envs.build_all(jobs)
+
+
 def cmd_test(args) -> int:
     """Build what the suite needs, then run pytest inside the patched environment."""
-    for name in [*TEST_ENVS, *TOOL_ENVS]:
-        envs.ensure(name)
-    env = envs.ensure("patched")
+    built = setup()
+    env = built["patched"]
     pytest_args = args.pytest_args or ["tests"]
     os.chdir(ROOT)
     os.execve(str(env.python), [str(env.python), "-m", "pytest", *pytest_args], env.environ())

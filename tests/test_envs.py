@@ -1,8 +1,10 @@
 """Environments: built once, reused warm, and refused with a named fix when they cannot be trusted."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +61,167 @@ def test_verify_rejects_unknown_names_before_touching_any_environment(scratch_ca
     assert result.returncode == 2
     assert "unknown model(s) nope" in result.stderr
     assert not (scratch_cache / "envs").exists()
+
+
+# Building with uv -----------------------------------------------------------------------------------------
+
+from nnsight_repro import uvtool  # noqa: E402
+
+BYTECODE = ROOT / "nnsight_repro" / "bytecode.py"
+
+
+def test_a_pyc_compiled_for_one_venv_is_linked_into_the_next_and_reports_that_venvs_path(tmp_path):
+    # Two "site-packages" holding the same file as one inode, as uv installs it from its cache.
+    first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
+    first.mkdir(), second.mkdir()
+    (first / "shared_mod.py").write_text("def where():\n    return where.__code__.co_filename\n")
+    os.link(first / "shared_mod.py", second / "shared_mod.py")
+    (second / "own_mod.py").write_text("X = 1\n")
+    runs = [subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], capture_output=True,
+                           text=True, check=True).stdout for site in (first, second)]
+    assert runs[0].startswith("0 linked from the store, 1 compiled"), runs[0]
+    assert runs[1].startswith("1 linked from the store, 1 compiled"), runs[1]
+    pyc = [site / "__pycache__" / f"shared_mod.{sys.implementation.cache_tag}.pyc" for site in (first, second)]
+    assert pyc[0].stat().st_ino == pyc[1].stat().st_ino
+    # Imported from the second copy with bytecode writing off: it runs the shared .pyc, and its code
+    # names the second copy, not the file it was compiled from.
+    found = subprocess.run([sys.executable, "-B", "-c", "import shared_mod, sys; print(shared_mod.where()); "
+                            "print(shared_mod.__cached__)"], cwd=second, capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.split()
+    assert found == [str(second / "shared_mod.py"), str(pyc[1])]
+
+
+def test_a_pyc_for_a_file_that_changed_is_not_reused(tmp_path):
+    first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
+    first.mkdir(), second.mkdir()
+    (first / "m.py").write_text("A = 1\n")
+    (second / "m.py").write_text("A = 2\n")  # another inode: compiled for itself
+    for site in (first, second):
+        subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], check=True, capture_output=True)
+    value = subprocess.run([sys.executable, "-B", "-c", "import m; print(m.A)"], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.strip()
+    assert value == "2"
+
+
+def test_find_links_come_from_pips_environment_and_config(tmp_path, monkeypatch):
+    wheels, more = tmp_path / "wheels", tmp_path / "more"
+    wheels.mkdir(), more.mkdir()
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = {more}\n")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    found = uvtool.pip_find_links()
+    assert found.index(str(wheels)) < found.index(str(more))
+    (more / "torch-9.9.9+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    (more / f"torch-9.9.8+cpu-{tag}-{tag}-{'linux_x86_64' if sys.platform == 'linux' else 'any'}.whl").touch()
+    assert uvtool.find_wheel("torch", "9.9.8").name.startswith("torch-9.9.8+cpu-")
+    assert uvtool.find_wheel("torch", "9.9.7") is None
+
+
+def test_a_missing_torch_wheel_names_the_package_and_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "none"))
+    monkeypatch.setattr(uvtool.Path, "home", lambda: tmp_path)
+    pins = tmp_path / "pins.txt"
+    pins.write_text("torch==0.0.1\n")
+    with pytest.raises(envs.EnvError, match=r"No local CPU wheel of torch 0\.0\.1.*Fix: put torch-0\.0\.1\+cpu"):
+        envs.torch_wheel(pins)
+
+
+def test_uv_that_cannot_be_installed_names_uv_and_the_fix(scratch_cache, monkeypatch):
+    monkeypatch.delenv("NNSIGHT_REPRO_UV", raising=False)
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
+                       "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2",
+                       "PIP_CONFIG_FILE": os.devnull}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(uvtool.UvError, match=rf"Could not install uv {uvtool.VERSION}.*NNSIGHT_REPRO_UV"):
+        uvtool.binary()
+    assert not (scratch_cache / "uv" / uvtool.VERSION).exists()
+
+
+def tiny_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel, so a resolution test needs no index at all."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", "")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def broken_tools(suite_uv, scratch_cache, monkeypatch):
+    """``make(pin)``: a tools environment whose one pin is ``pin``, built by the suite's uv with the network off."""
+    monkeypatch.setenv("NNSIGHT_REPRO_UV", suite_uv)
+    monkeypatch.setenv("NNSIGHT_REPRO_OFFLINE", "1")
+    pins = scratch_cache / "pins"
+    pins.mkdir()
+    monkeypatch.setattr(envs, "PINS", pins)
+
+    def make(pin):
+        (pins / "broken.txt").write_text(pin + "\n")
+        spec = envs.ToolSpec("broken-tools", "broken.txt")
+        monkeypatch.setitem(envs.TOOLS, spec.name, spec)
+        return spec
+
+    return make
+
+
+def assert_never_ready(spec):
+    assert envs.state(spec.name, envs.env_dir(spec.name), envs.digest_of(envs.inputs(spec))) == "half-built"
+    with pytest.raises(envs.EnvError, match="did not finish"):
+        envs.ensure(spec.name, build=False)
+
+
+def test_a_pin_that_does_not_resolve_fails_naming_it_and_leaves_no_ready_environment(broken_tools, tmp_path,
+                                                                                      monkeypatch):
+    links = tmp_path / "links"
+    links.mkdir()
+    tiny_wheel(links, "nnsrprobe", "1.0")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    spec = broken_tools("nnsrprobe==2.0")
+    with pytest.raises(envs.EnvError, match=r"a pinned requirement \(nnsrprobe\) does not resolve\. Fix: correct"):
+        envs.ensure(spec.name)
+    assert_never_ready(spec)
+
+
+def test_a_package_the_network_must_supply_names_it_and_the_fix_when_offline(broken_tools):
+    spec = broken_tools("click==8.5.1")  # in no find-links directory; the scratch uv cache is empty
+    with pytest.raises(envs.EnvError, match=r"could not reach the package index for click\. Fix: restore access"):
+        envs.ensure(spec.name)
+    assert_never_ready(spec)
+
+
+@pytest.fixture(scope="session")
+def suite_uv():
+    """The uv the suite's environments were built with (the project cache's), so no test downloads uv again."""
+    home = os.environ.get("NNSIGHT_REPRO_UV") or str(envs.cache_dir() / "uv" / uvtool.VERSION / "bin" / "uv")
+    assert Path(home).is_file(), f"{home}: the environments were not built with this project's uv"
+    return home
+
+
+@pytest.mark.parametrize("name", ["main", "patched", "upstream-0.8"])
+def test_a_built_environment_has_every_pin_and_torch_from_the_local_cpu_wheel(name):
+    env = envs.ensure(name, build=False)
+    frozen = {}
+    for line in env.stamp["packages"]:
+        key, _, rest = line.partition(" @ ") if " @ " in line else line.partition("==")
+        frozen[key.lower().replace("_", "-")] = rest
+    for pin in (envs.PINS / env.stamp["inputs"]["spec"]["pins"]).read_text().splitlines():
+        if not pin or pin.startswith("#"):
+            continue
+        key, version = pin.split("==")
+        key = key.lower().replace("_", "-")
+        if key == "torch":
+            # By path, the CPU build: never a resolver's choice from PyPI (whose Linux wheel is CUDA's).
+            assert frozen[key].startswith("file://") and f"torch-{version}+cpu-" in frozen[key], frozen[key]
+        else:
+            assert frozen.get(key) == version, (pin, frozen.get(key))
+    assert not [k for k in frozen if k.startswith("nvidia-")]
+    assert frozen["nnsight"].startswith("file://") and f"nnsight-{env.stamp['inputs']['spec']['nnsight']}-" in frozen["nnsight"]
