@@ -225,3 +225,48 @@ def test_a_built_environment_has_every_pin_and_torch_from_the_local_cpu_wheel(na
             assert frozen.get(key) == version, (pin, frozen.get(key))
     assert not [k for k in frozen if k.startswith("nvidia-")]
     assert frozen["nnsight"].startswith("file://") and f"nnsight-{env.stamp['inputs']['spec']['nnsight']}-" in frozen["nnsight"]
+
+
+# `pytest tests/...` from a plain interpreter (tests/nnsight_env.py) --------------------------------------
+
+def plain_interpreter_environ() -> dict:
+    """This environment's variables without what marks a project environment (as a fresh shell has them)."""
+    return {k: v for k, v in os.environ.items() if k not in {"NNSIGHT_REPRO_ENV", "PYTHONPATH", "VIRTUAL_ENV",
+                                                           "NNSIGHT_REPRO_TEST_ENV"}}
+
+
+def base_interpreter_without_nnsight() -> str:
+    base = getattr(sys, "_base_executable", sys.executable)
+    probe = subprocess.run([base, "-c", "import importlib.util as u; print(bool(u.find_spec('nnsight')), "
+                            "bool(u.find_spec('pytest')))"], capture_output=True, text=True,
+                           env=plain_interpreter_environ())
+    assert probe.stdout.split() == ["False", "True"], (base, probe.stdout, probe.stderr)
+    return base
+
+
+@pytest.mark.parametrize("choice, env_name", [([], "patched"), (["--nnsight-env", "main"], "main")])
+def test_pytest_from_an_interpreter_without_nnsight_runs_in_the_chosen_environment(choice, env_name):
+    base = base_interpreter_without_nnsight()
+    test = "tests/test_envs.py::test_the_suite_runs_in_the_environment_it_was_moved_into"
+    result = subprocess.run([base, "-m", "pytest", test, "-q", *choice], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, env={**plain_interpreter_environ(), "NNSIGHT_REPRO_EXPECT_ENV": env_name})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    moved = [line for line in result.stderr.splitlines() if line.startswith("[nnsight-repro]")]
+    assert len(moved) == 1 and f"in the {env_name!r} environment" in moved[0], result.stderr
+    assert "1 passed" in result.stdout
+
+
+def test_the_suite_runs_in_the_environment_it_was_moved_into():
+    expected = os.environ.get("NNSIGHT_REPRO_EXPECT_ENV")
+    import nnsight
+
+    assert os.environ.get("NNSIGHT_REPRO_ENV") == (expected or os.environ.get("NNSIGHT_REPRO_ENV"))
+    assert f"/envs/{os.environ['NNSIGHT_REPRO_ENV']}/venv/" in nnsight.__file__
+
+
+def test_naming_another_environment_from_inside_one_is_refused():
+    result = subprocess.run([sys.executable, "-m", "pytest", "tests/test_envs.py::test_unknown_environment_is_"
+                             "refused_naming_the_known_ones", "-q", "--nnsight-env", "upstream-0.8"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "run pytest from a plain interpreter to use 'upstream-0.8'" in result.stderr
