@@ -473,13 +473,15 @@ def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = No
 
     The first goes alone because it fills the shared uv cache and .pyc store that the others then link
     from; built side by side, each would download and compile the same files. ``parallel`` defaults to
-    ``NNSIGHT_REPRO_BUILD_PARALLEL`` or 2 (see benchmarks/bench_setup.py for the measurement). Warm
-    environments cost a stamp read either way.
+    ``NNSIGHT_REPRO_BUILD_PARALLEL`` or 1: on two cores, side by side was slower (benchmarks/bench_setup.py:
+    all six from an empty cache 276 s one at a time, 386 s two at a time after the first), since what
+    is left after uv's downloads is CPU-bound (byte-compiling, the import checks). Warm environments
+    cost a stamp read either way.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     if parallel is None:
-        parallel = int(os.environ.get("NNSIGHT_REPRO_BUILD_PARALLEL", "2"))
+        parallel = int(os.environ.get("NNSIGHT_REPRO_BUILD_PARALLEL", "1"))
     names = list(jobs)
     done: Dict[str, Env] = {}
     if names:
