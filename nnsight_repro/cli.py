@@ -90,6 +90,14 @@ def _sdist_tree(name: str) -> Path:
     return target
 
 
+def cmd_modal(args) -> int:
+    """Modal's own command line from the ``tools`` environment (built if missing), from the repository root."""
+    env = envs.ensure("tools")
+    modal = env.path / "venv" / "bin" / "modal"
+    os.chdir(ROOT)
+    os.execve(str(modal), [str(modal), *args.modal_args], env.environ())
+
+
 def cmd_ndif(args) -> int:
     from .ndif import cli as ndif_cli
 
@@ -134,6 +142,11 @@ def parser() -> argparse.ArgumentParser:
                         "status [--line 0.7] [--json]")
     n.set_defaults(run=cmd_ndif)
 
+    m = sub.add_parser("modal", add_help=False, help="Modal's client from the tools environment, e.g. "
+                       "`modal run modal_verify_patch.py` (or `pip install -e '.[modal]'` and plain `modal`)")
+    m.add_argument("modal_args", nargs=argparse.REMAINDER)
+    m.set_defaults(run=cmd_modal)
+
     s = sub.add_parser("series", help="check that a patch series applies to its base")
     s.add_argument("action", choices=["check"])
     s.add_argument("--series", default="nnsight-v0.7.0")
@@ -150,6 +163,8 @@ def main(argv=None) -> int:
     if extra:
         if args.command == "ndif":  # its own parser reads them, `--help` included
             args.ndif_args = [*extra, *args.ndif_args]
+        elif args.command == "modal":
+            args.modal_args = [*extra, *args.modal_args]
         elif args.command == "test":
             args.pytest_args = [*args.pytest_args, *extra]
         else:

@@ -270,3 +270,24 @@ def test_naming_another_environment_from_inside_one_is_refused():
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 4, result.stdout + result.stderr
     assert "run pytest from a plain interpreter to use 'upstream-0.8'" in result.stderr
+
+
+# Modal's client from the project's own install -----------------------------------------------------------
+
+def test_the_modal_extra_pins_the_modal_the_tools_environment_runs():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["modal"]
+    tools = [line for line in (envs.PINS / "tools.txt").read_text().splitlines() if line.startswith("modal==")]
+    assert extra == tools == ["modal==1.6.4"]
+
+
+def test_modal_run_through_the_project_command_needs_no_modal_of_ones_own():
+    base = base_interpreter_without_nnsight()
+    environ = {k: v for k, v in plain_interpreter_environ().items() if not k.startswith("MODAL_")}
+    environ["MODAL_CONFIG_PATH"] = str(ROOT / ".no-such-dir" / "modal.toml")
+    result = subprocess.run([base, "-m", "nnsight_repro", "modal", "run", "modal_verify_patch.py", "--help"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=environ)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for flag in ("--models", "--checks", "--gpu", "--out"):
+        assert flag in result.stdout, result.stdout
