@@ -98,6 +98,12 @@ def cmd_modal(args) -> int:
     os.execve(str(modal), [str(modal), *args.modal_args], env.environ())
 
 
+def cmd_wheel(args) -> int:
+    from . import wheel
+
+    return wheel.main(args.wheel_args)
+
+
 def cmd_ndif(args) -> int:
     from .ndif import cli as ndif_cli
 
@@ -142,6 +148,11 @@ def parser() -> argparse.ArgumentParser:
                         "status [--line 0.7] [--json]")
     n.set_defaults(run=cmd_ndif)
 
+    w = sub.add_parser("wheel", add_help=False, help="build nnsight 0.7.0 + the series (and its extras) as a wheel "
+                       "to pip-install into your own environment: wheel [--out DIR] [--no-extras] [--python PATH]")
+    w.add_argument("wheel_args", nargs=argparse.REMAINDER)
+    w.set_defaults(run=cmd_wheel)
+
     m = sub.add_parser("modal", add_help=False, help="Modal's client from the tools environment, e.g. "
                        "`modal run modal_verify_patch.py` (or `pip install -e '.[modal]'` and plain `modal`)")
     m.add_argument("modal_args", nargs=argparse.REMAINDER)
@@ -165,6 +176,8 @@ def main(argv=None) -> int:
             args.ndif_args = [*extra, *args.ndif_args]
         elif args.command == "modal":
             args.modal_args = [*extra, *args.modal_args]
+        elif args.command == "wheel":
+            args.wheel_args = [*extra, *args.wheel_args]
         elif args.command == "test":
             args.pytest_args = [*args.pytest_args, *extra]
         else:

@@ -400,13 +400,13 @@ def install_pins(step, python: str, pins: Path, *, torch: bool = True, extra: Li
             "pip", "install", "--python", python, "-r", str(pins), *wheel, *extra)
 
 
-def build_wheel(step, source: Path, out: Path, version: str, what: str) -> Path:
+def build_wheel(step, source: Path, out: Path, version: str, what: str, python: Optional[str] = None) -> Path:
     """Step 3a: a wheel of ``source`` (compiling nnsight's C extension), with pinned build requirements."""
     # Same version string for main and patched: the sdist's PKG-INFO gives it; the override only guards
     # against a setuptools-scm that looks elsewhere (a git checkout around the tree).
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT": version}
     uv_step(step, f"building the nnsight {version} wheel from {what} (compiling its C extension)",
-            "build", "--quiet", "--wheel", "--python", sys.executable, "--build-constraints", str(BUILD_PINS),
+            "build", "--quiet", "--wheel", "--python", python or sys.executable, "--build-constraints", str(BUILD_PINS),
             "--out-dir", str(out), str(source), env=env)
     wheels = sorted(out.glob(f"nnsight-{version}-*.whl"))
     if len(wheels) != 1:
