@@ -50,14 +50,22 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_envs(args) -> int:
+    from .ndif import server_env
+
+    servers = {server_env.server_spec(line).name: line for line in server_env.SERVERS}
     if args.action == "status":
         for row in envs.status():
-            print(f"{row['name']:14} {row['state']:10} nnsight {row['nnsight']:6} "
+            print(f"{row['name']:16} {row['state']:10} nnsight {row['nnsight']:6} "
                   f"series={row['series'] or '-':16} {row['path']}")
+        for line in server_env.SERVERS:
+            row = server_env.status(line)
+            print(f"{row['name']:16} {row['state']:10} ndif {row['ndif']:9} {'':23} {row['path']}")
         return 0
     names = args.names or [*envs.SPECS, *envs.TOOLS]
-    for name in names:
-        env = envs.ensure(name, build=args.action == "build")
+    build = args.action == "build"
+    jobs = {name: (lambda n=name: server_env.ensure(build=build, line=servers[n])) if name in servers
+            else (lambda n=name: envs.ensure(n, build=build)) for name in names}
+    for env in envs.build_all(jobs).values():
         print(env.python if args.action == "python" else env.path)
     return 0
 
@@ -137,7 +145,8 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
     e.add_argument("action", choices=["build", "status", "path", "python"])
-    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])})")
+    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])}; "
+                   f"also ndif-server, ndif-server-0.7)")
     e.set_defaults(run=cmd_envs)
 
     n = sub.add_parser("ndif", add_help=False,
