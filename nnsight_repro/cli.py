@@ -17,11 +17,21 @@ TEST_ENVS = ["main", "patched", "upstream-0.8"]
 TOOL_ENVS = ["tools"]
 
 
+def setup(with_servers: bool = True) -> dict:
+    """Every environment the suite uses, missing ones built: the test environments, tools, the NDIF servers'."""
+    jobs = {name: (lambda n=name: envs.ensure(n)) for name in [*TEST_ENVS, *TOOL_ENVS]}
+    if with_servers:
+        from .ndif import server_env
+
+        for line in server_env.SERVERS:
+            jobs[server_env.server_spec(line).name] = lambda line=line: server_env.ensure(line=line)
+    return envs.build_all(jobs)
+
+
 def cmd_test(args) -> int:
     """Build what the suite needs, then run pytest inside the patched environment."""
-    for name in [*TEST_ENVS, *TOOL_ENVS]:
-        envs.ensure(name)
-    env = envs.ensure("patched")
+    built = setup()
+    env = built["patched"]
     pytest_args = args.pytest_args or ["tests"]
     os.chdir(ROOT)
     os.execve(str(env.python), [str(env.python), "-m", "pytest", *pytest_args], env.environ())
@@ -40,14 +50,22 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_envs(args) -> int:
+    from .ndif import server_env
+
+    servers = {server_env.server_spec(line).name: line for line in server_env.SERVERS}
     if args.action == "status":
         for row in envs.status():
-            print(f"{row['name']:14} {row['state']:10} nnsight {row['nnsight']:6} "
+            print(f"{row['name']:16} {row['state']:10} nnsight {row['nnsight']:6} "
                   f"series={row['series'] or '-':16} {row['path']}")
+        for line in server_env.SERVERS:
+            row = server_env.status(line)
+            print(f"{row['name']:16} {row['state']:10} ndif {row['ndif']:9} {'':23} {row['path']}")
         return 0
     names = args.names or [*envs.SPECS, *envs.TOOLS]
-    for name in names:
-        env = envs.ensure(name, build=args.action == "build")
+    build = args.action == "build"
+    jobs = {name: (lambda n=name: server_env.ensure(build=build, line=servers[n])) if name in servers
+            else (lambda n=name: envs.ensure(n, build=build)) for name in names}
+    for env in envs.build_all(jobs).values():
         print(env.python if args.action == "python" else env.path)
     return 0
 
@@ -78,6 +96,20 @@ def _sdist_tree(name: str) -> Path:
         with tarfile.open(archive) as tar:
             tar.extractall(target.parent, filter="data")
     return target
+
+
+def cmd_modal(args) -> int:
+    """Modal's own command line from the ``tools`` environment (built if missing), from the repository root."""
+    env = envs.ensure("tools")
+    modal = env.path / "venv" / "bin" / "modal"
+    os.chdir(ROOT)
+    os.execve(str(modal), [str(modal), *args.modal_args], env.environ())
+
+
+def cmd_wheel(args) -> int:
+    from . import wheel
+
+    return wheel.main(args.wheel_args)
 
 
 def cmd_ndif(args) -> int:
@@ -113,7 +145,8 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
     e.add_argument("action", choices=["build", "status", "path", "python"])
-    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])})")
+    e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])}; "
+                   f"also ndif-server, ndif-server-0.7)")
     e.set_defaults(run=cmd_envs)
 
     n = sub.add_parser("ndif", add_help=False,
@@ -123,6 +156,16 @@ def parser() -> argparse.ArgumentParser:
                    help="up [--line 0.7 [--server stock|patched]] [--models a,b] | down [--line 0.7] | "
                         "status [--line 0.7] [--json]")
     n.set_defaults(run=cmd_ndif)
+
+    w = sub.add_parser("wheel", add_help=False, help="build nnsight 0.7.0 + the series (and its extras) as a wheel "
+                       "to pip-install into your own environment: wheel [--out DIR] [--no-extras] [--python PATH]")
+    w.add_argument("wheel_args", nargs=argparse.REMAINDER)
+    w.set_defaults(run=cmd_wheel)
+
+    m = sub.add_parser("modal", add_help=False, help="Modal's client from the tools environment, e.g. "
+                       "`modal run modal_verify_patch.py` (or `pip install -e '.[modal]'` and plain `modal`)")
+    m.add_argument("modal_args", nargs=argparse.REMAINDER)
+    m.set_defaults(run=cmd_modal)
 
     s = sub.add_parser("series", help="check that a patch series applies to its base")
     s.add_argument("action", choices=["check"])
@@ -140,6 +183,10 @@ def main(argv=None) -> int:
     if extra:
         if args.command == "ndif":  # its own parser reads them, `--help` included
             args.ndif_args = [*extra, *args.ndif_args]
+        elif args.command == "modal":
+            args.modal_args = [*extra, *args.modal_args]
+        elif args.command == "wheel":
+            args.wheel_args = [*extra, *args.wheel_args]
         elif args.command == "test":
             args.pytest_args = [*args.pytest_args, *extra]
         else:

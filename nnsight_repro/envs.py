@@ -35,13 +35,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from . import ROOT, channel, series
+from . import ROOT, channel, series, uvtool
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
-RECIPE = 3
+RECIPE = 4
 
 PINS = Path(__file__).resolve().parent / "pins"
 
@@ -109,7 +109,10 @@ def download(filename: str, sha256: str, pip_args: List[str]) -> Path:
     path = folder / filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        with _file_lock(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
+            if path.is_file():  # another build fetched it while this one waited
+                return download(filename, sha256, pip_args)
+            log(f"downloading {filename} (pip download)")
             result = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *pip_args, "-d", scratch],
                 capture_output=True, text=True,
@@ -137,6 +140,9 @@ def inputs(s: Union[Spec, ToolSpec]) -> dict:
         "spec": asdict(s),
         "pins_sha256": hashlib.sha256((PINS / s.pins).read_bytes()).hexdigest(),
         "series_digest": series.digest(series_name) if series_name else None,
+        "uv": uvtool.VERSION,
+        "build_pins_sha256": (hashlib.sha256((PINS / "build.txt").read_bytes()).hexdigest()
+                              if isinstance(s, Spec) else None),
         # The interpreter venvs are made from; the same from inside any of our venvs.
         "python": sys.version.split()[0],
         "python_home": sys.base_prefix,
@@ -217,9 +223,7 @@ def env_dir(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(name: str):
-    """One builder per environment at a time, across processes."""
-    lock_path = cache_dir() / "envs" / f".{name}.lock"
+def _file_lock(lock_path: Path):
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -227,6 +231,11 @@ def _locked(name: str):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _locked(name: str):
+    """One builder per environment at a time, across processes."""
+    return _file_lock(cache_dir() / "envs" / f".{name}.lock")
 
 
 def _building(name: str) -> bool:
@@ -306,16 +315,26 @@ def state(name: str, path: Path, current_digest: str) -> str:
 
 
 def stepper(name: str, build_log: Path):
-    """Runs one build command, logging it; a failure raises with the log's tail and where the full log is."""
+    """Runs one build command, logging it; a failure raises with the log's tail and where the full log is.
+
+    Each step announces itself on one line (environment, phase, seconds since the build began), so a long
+    build is never silent; its output goes to ``build_log``.
+    """
+    started = time.monotonic()
+
     def step(description: str, command: List[str], env: Optional[dict] = None) -> str:
+        log(f"{name}: {description} (+{time.monotonic() - started:.1f} s)")
         with open(build_log, "a") as fh:
             fh.write(f"\n$ {' '.join(command)}\n")
         result = subprocess.run(command, capture_output=True, text=True, env=env)
         with open(build_log, "a") as fh:
             fh.write(result.stdout + result.stderr)
         if result.returncode:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-            raise EnvError(f"Building {name!r} failed while {description} (full log: {build_log}):\n{tail}")
+            output = (result.stderr or result.stdout).strip()
+            tail = "\n".join(output.splitlines()[-15:])
+            why = uvtool.explain(output) if command and command[0] == str(uvtool.binary()) else ""
+            raise EnvError(f"Building {name!r} failed while {description}"
+                           f"{': ' + why if why else ''} (full log: {build_log}):\n{tail}")
         return result.stdout
 
     return step
@@ -330,6 +349,89 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
     os.replace(staging, path / "env.json")
 
 
+# The build ------------------------------------------------------------------
+#
+# Every venv is made and filled by uv (:mod:`nnsight_repro.uvtool`), all sharing one uv cache, in this order:
+#
+# 1. ``uv venv`` from the interpreter the inputs name.
+# 2. The pinned requirements and torch in one resolution. torch comes as the CPU wheel file from a
+#    find-links directory, named by path, so no resolver can pick a multi-GB CUDA build from PyPI; the
+#    pins file's ``torch==`` line then only checks its version.
+# 3. nnsight built into a wheel from the (patched) source with ``uv build`` and pinned build
+#    requirements (``pins/build.txt``), then installed without dependencies, every one of which step 2
+#    pinned; ``uv pip check`` then proves none is missing. Building the wheel explicitly (instead of
+#    installing the source directory) keeps uv's cache out of it: uv keys a directory's build by its
+#    pyproject's mtime, which the sdist fixes, so a rebuilt ``patched`` could get the previous series'
+#    wheel back.
+# 4. Every .py byte-compiled (the environments run with PYTHONDONTWRITEBYTECODE, so a missing .pyc is
+#    recompiled by every process), each .pyc shared between venvs through a store (``bytecode.py``).
+
+BUILD_PINS = PINS / "build.txt"
+
+
+def uv_step(step, description: str, *args: str, env: Optional[dict] = None) -> str:
+    try:
+        command = uvtool.command(*args)
+    except uvtool.UvError as exc:
+        raise EnvError(str(exc)) from None
+    return step(description, command, env=uvtool.environ(env))
+
+
+def torch_wheel(pins: Path) -> Path:
+    """The local CPU torch wheel of the version ``pins`` names; a clear error when this machine has none."""
+    torch_pin = next(line for line in pins.read_text().splitlines() if line.startswith("torch=="))
+    version = torch_pin.split("==", 1)[1].strip()
+    found = uvtool.find_wheel("torch", version)
+    if found is None:
+        looked = ", ".join(uvtool.pip_find_links()) or "none configured"
+        raise EnvError(f"No local CPU wheel of torch {version} in pip's find-links directories ({looked}). "
+                       f"Fix: put torch-{version}+cpu-<tags>.whl (from https://download.pytorch.org/whl/cpu) into "
+                       f"one of them, or name its directory in PIP_FIND_LINKS; the project never lets a resolver "
+                       f"choose torch, since PyPI's Linux wheel is the CUDA build.")
+    return found
+
+
+def make_venv(step, path: Path) -> str:
+    venv = path / "venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    uv_step(step, "creating the venv", "venv", "--quiet", "--python", base, str(venv))
+    return str(venv / "bin" / "python")
+
+
+def install_pins(step, python: str, pins: Path, *, torch: bool = True, extra: List[str] = ()) -> None:
+    """Step 2: the pinned requirements (and the local CPU torch wheel) in one resolution."""
+    wheel = [str(torch_wheel(pins))] if torch else []
+    count = sum(1 for line in pins.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    uv_step(step, f"resolving and installing {count} pinned packages ({pins.name})",
+            "pip", "install", "--python", python, "-r", str(pins), *wheel, *extra)
+
+
+def build_wheel(step, source: Path, out: Path, version: str, what: str, python: Optional[str] = None) -> Path:
+    """Step 3a: a wheel of ``source`` (compiling nnsight's C extension), with pinned build requirements."""
+    # Same version string for main and patched: the sdist's PKG-INFO gives it; the override only guards
+    # against a setuptools-scm that looks elsewhere (a git checkout around the tree).
+    env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT": version}
+    uv_step(step, f"building the nnsight {version} wheel from {what} (compiling its C extension)",
+            "build", "--quiet", "--wheel", "--python", python or sys.executable, "--build-constraints", str(BUILD_PINS),
+            "--out-dir", str(out), str(source), env=env)
+    wheels = sorted(out.glob(f"nnsight-{version}-*.whl"))
+    if len(wheels) != 1:
+        raise EnvError(f"Building the nnsight wheel from {source} left {len(wheels)} wheels in {out}.")
+    return wheels[0]
+
+
+def compile_bytecode(step, python: str) -> None:
+    """Step 4: every .py byte-compiled, each .pyc shared with the venvs that link the same file (bytecode.py)."""
+    site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
+    summary = step("byte-compiling site-packages (shared .pyc store)",
+                   [python, str(Path(__file__).with_name("bytecode.py")), str(site), str(cache_dir() / "pyc")])
+    log(f"{Path(python).parent.parent.parent.name}: bytecode: {summary.strip()}")
+
+
+def freeze(step, python: str) -> List[str]:
+    return uv_step(step, "recording the installed packages", "pip", "freeze", "--python", python).splitlines()
+
+
 def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> None:
     step = stepper(s.name, path / "build.log")
     if isinstance(s, ToolSpec):
@@ -342,43 +444,67 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
         tar.extractall(scratch, filter="data")
         os.replace(Path(scratch) / f"nnsight-{s.nnsight}", source)
     if s.series:
+        log(f"{s.name}: applying the series {s.series}")
         try:
             series.apply(s.series, source)
         except series.SeriesError as exc:
             raise EnvError(f"Building {s.name!r}: {exc}") from None
 
-    venv = path / "venv"
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
-    # torch first and alone, by exact version: that takes the CPU wheel on
-    # local disk instead of letting a resolver pick a multi-GB CUDA build.
-    torch_pin = next(line for line in (PINS / s.pins).read_text().splitlines() if line.startswith("torch=="))
-    step("installing torch", [*pip, "install", "--quiet", torch_pin])
-    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(PINS / s.pins)])
-    # Same version string for main and patched: the sdist's PKG-INFO gives it;
-    # the override only guards against a setuptools-scm that looks elsewhere.
-    build_env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT": s.nnsight}
-    step("building and installing nnsight from the sdist",
-         [*pip, "install", "--quiet", "--no-deps", str(source)], env=build_env)
+    python = make_venv(step, path)
+    install_pins(step, python, PINS / s.pins)
+    with tempfile.TemporaryDirectory(dir=path) as out:
+        wheel = build_wheel(step, source, Path(out), s.nnsight, "the series-patched sdist" if s.series else "the sdist")
+        uv_step(step, f"installing nnsight {s.nnsight}", "pip", "install", "--python", python, "--no-deps",
+                "--reinstall-package", "nnsight", str(wheel))
+    uv_step(step, "checking that every requirement is installed", "pip", "check", "--python", python)
+    compile_bytecode(step, python)
     installed = step("checking the install", [python, "-c",
                      "import importlib.metadata as m, nnsight; print(m.version('nnsight'))"]).strip()
     if installed != s.nnsight:
         raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
-    freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    write_stamp(path, s.name, digest, wanted, freeze)
+    write_stamp(path, s.name, digest, wanted, freeze(step, python))
 
 
 def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
-    venv = path / "venv"
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
-    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(PINS / s.pins)])
+    python = make_venv(step, path)
+    install_pins(step, python, PINS / s.pins, torch=False)
+    compile_bytecode(step, python)
     if s.imports:
         step(f"importing {', '.join(s.imports)}", [python, "-c", "import " + ", ".join(s.imports)])
-    freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    write_stamp(path, s.name, digest, wanted, freeze)
+    write_stamp(path, s.name, digest, wanted, freeze(step, python))
+
+
+def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = None) -> Dict[str, Env]:
+    """Runs ``jobs`` (name -> ensure call): the first alone, then the rest ``parallel`` at a time.
+
+    The first goes alone because it fills the shared uv cache and .pyc store that the others then link
+    from; built side by side, each would download and compile the same files. ``parallel`` defaults to
+    ``NNSIGHT_REPRO_BUILD_PARALLEL`` or 1: on two cores, side by side was slower (benchmarks/bench_setup.py:
+    all six from an empty cache 276 s one at a time, 386 s two at a time after the first), since what
+    is left after uv's downloads is CPU-bound (byte-compiling, the import checks). Warm environments
+    cost a stamp read either way.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if parallel is None:
+        parallel = int(os.environ.get("NNSIGHT_REPRO_BUILD_PARALLEL", "1"))
+    names = list(jobs)
+    done: Dict[str, Env] = {}
+    if names:
+        done[names[0]] = jobs[names[0]]()
+    rest = names[1:]
+    if parallel <= 1:
+        done.update({name: jobs[name]() for name in rest})
+    elif rest:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            futures = {name: pool.submit(jobs[name]) for name in rest}
+            done.update({name: future.result() for name, future in futures.items()})
+    return {name: done[name] for name in names}
+
+
+def ensure_all(names: List[str], build: bool = True, parallel: Optional[int] = None) -> Dict[str, Env]:
+    """Several environments, built as :func:`build_all` does when missing."""
+    return build_all({name: (lambda n=name: ensure(n, build=build)) for name in names}, parallel)
 
 
 def status() -> List[dict]:

@@ -3,7 +3,7 @@
 Some upstream incompatibilities only show with another release of a
 dependency (nnsight 0.8.1 with transformers 5.23). Building a whole
 environment for each would cost minutes and a gigabyte; an overlay is just
-that one distribution, installed with ``pip install --no-deps --target`` into
+that one distribution, installed with ``uv pip install --no-deps --target`` into
 the project cache and put first on ``PYTHONPATH``. Everything else — torch,
 tokenizers, huggingface_hub, nnsight — stays the environment's own, so a
 difference in behaviour is the overlaid package's doing.
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from . import envs
+from . import envs, uvtool
 from .paths import cache_dir
 
 
@@ -49,7 +49,7 @@ def _stamp(path: Path) -> Optional[dict]:
 
 
 def ensure(requirement: str, python: Path) -> Path:
-    """The directory to put first on ``PYTHONPATH`` for ``requirement``, built once with ``python``'s pip."""
+    """The directory to put first on ``PYTHONPATH`` for ``requirement``, built once for ``python``."""
     target = overlay_dir(requirement)
     stamp = _stamp(target)
     if stamp and stamp.get("requirement") == requirement:
@@ -63,14 +63,18 @@ def ensure(requirement: str, python: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            result = subprocess.run(
-                [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--quiet",
-                 "--no-deps", "--no-compile", "--target", str(staging / "site"), requirement],
-                capture_output=True, text=True,
-            )
+            try:
+                command = uvtool.command("pip", "install", "--quiet", "--python", str(python), "--no-deps",
+                                         "--target", str(staging / "site"), requirement)
+            except uvtool.UvError as exc:
+                raise OverlayError(str(exc)) from None
+            result = subprocess.run(command, capture_output=True, text=True, env=uvtool.environ())
             if result.returncode:
-                tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-10:])
-                raise OverlayError(f"pip could not install {requirement} as an overlay:\n{tail}")
+                output = (result.stderr or result.stdout).strip()
+                tail = "\n".join(output.splitlines()[-10:])
+                why = uvtool.explain(output)
+                raise OverlayError(f"uv could not install {requirement} as an overlay"
+                                   f"{': ' + why if why else ''}:\n{tail}")
             (staging / "overlay.json").write_text(json.dumps({"requirement": requirement, "python": str(python)}))
             os.rename(staging, target)
         finally:

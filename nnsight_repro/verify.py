@@ -333,8 +333,7 @@ def main(args) -> int:
     for s in specs:
         if getattr(s, "series", None):
             preflight(s.series)
-    for name in [*names, "tools"]:
-        envs.ensure(name)
+    envs.ensure_all([*names, "tools"])
     started = time.monotonic()
     recs, failed = records_keeping_going(names, models, checks)
     applied = next((s.series for s in specs if getattr(s, "series", None)), envs.spec("patched").series)

@@ -19,7 +19,7 @@ import pytest
 
 # The local NDIF stack, shared by every remote test, and the local verify, shared by every test of
 # the check routine's records (tests/ndif_fixture.py, tests/verify_fixture.py).
-pytest_plugins = ["ndif_fixture", "verify_fixture"]
+pytest_plugins = ["nnsight_env", "ndif_fixture", "verify_fixture"]
 
 # Imports nnsight, then unpickles whatever classes it is sent and names them.
 # It never wraps a model, so it has never built an encoder's classes itself.

@@ -1,8 +1,10 @@
 """Environments: built once, reused warm, and refused with a named fix when they cannot be trusted."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +61,233 @@ def test_verify_rejects_unknown_names_before_touching_any_environment(scratch_ca
     assert result.returncode == 2
     assert "unknown model(s) nope" in result.stderr
     assert not (scratch_cache / "envs").exists()
+
+
+# Building with uv -----------------------------------------------------------------------------------------
+
+from nnsight_repro import uvtool  # noqa: E402
+
+BYTECODE = ROOT / "nnsight_repro" / "bytecode.py"
+
+
+def test_a_pyc_compiled_for_one_venv_is_linked_into_the_next_and_reports_that_venvs_path(tmp_path):
+    # Two "site-packages" holding the same file as one inode, as uv installs it from its cache.
+    first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
+    first.mkdir(), second.mkdir()
+    (first / "shared_mod.py").write_text("def where():\n    return where.__code__.co_filename\n")
+    os.link(first / "shared_mod.py", second / "shared_mod.py")
+    (second / "own_mod.py").write_text("X = 1\n")
+    runs = [subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], capture_output=True,
+                           text=True, check=True).stdout for site in (first, second)]
+    assert runs[0].startswith("0 linked from the store, 1 compiled"), runs[0]
+    assert runs[1].startswith("1 linked from the store, 1 compiled"), runs[1]
+    pyc = [site / "__pycache__" / f"shared_mod.{sys.implementation.cache_tag}.pyc" for site in (first, second)]
+    assert pyc[0].stat().st_ino == pyc[1].stat().st_ino
+    # Imported from the second copy with bytecode writing off: it runs the shared .pyc, and its code
+    # names the second copy, not the file it was compiled from.
+    found = subprocess.run([sys.executable, "-B", "-c", "import shared_mod, sys; print(shared_mod.where()); "
+                            "print(shared_mod.__cached__)"], cwd=second, capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.split()
+    assert found == [str(second / "shared_mod.py"), str(pyc[1])]
+
+
+def test_a_pyc_for_a_file_that_changed_is_not_reused(tmp_path):
+    first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
+    first.mkdir(), second.mkdir()
+    (first / "m.py").write_text("A = 1\n")
+    (second / "m.py").write_text("A = 2\n")  # another inode: compiled for itself
+    for site in (first, second):
+        subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], check=True, capture_output=True)
+    value = subprocess.run([sys.executable, "-B", "-c", "import m; print(m.A)"], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.strip()
+    assert value == "2"
+
+
+def test_find_links_come_from_pips_environment_and_config(tmp_path, monkeypatch):
+    wheels, more = tmp_path / "wheels", tmp_path / "more"
+    wheels.mkdir(), more.mkdir()
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = {more}\n")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    found = uvtool.pip_find_links()
+    assert found.index(str(wheels)) < found.index(str(more))
+    (more / "torch-9.9.9+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    (more / f"torch-9.9.8+cpu-{tag}-{tag}-{'linux_x86_64' if sys.platform == 'linux' else 'any'}.whl").touch()
+    assert uvtool.find_wheel("torch", "9.9.8").name.startswith("torch-9.9.8+cpu-")
+    assert uvtool.find_wheel("torch", "9.9.7") is None
+
+
+def test_a_missing_torch_wheel_names_the_package_and_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "none"))
+    monkeypatch.setattr(uvtool.Path, "home", lambda: tmp_path)
+    pins = tmp_path / "pins.txt"
+    pins.write_text("torch==0.0.1\n")
+    with pytest.raises(envs.EnvError, match=r"No local CPU wheel of torch 0\.0\.1.*Fix: put torch-0\.0\.1\+cpu"):
+        envs.torch_wheel(pins)
+
+
+def test_uv_that_cannot_be_installed_names_uv_and_the_fix(scratch_cache, monkeypatch):
+    monkeypatch.delenv("NNSIGHT_REPRO_UV", raising=False)
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
+                       "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2",
+                       "PIP_CONFIG_FILE": os.devnull}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(uvtool.UvError, match=rf"Could not install uv {uvtool.VERSION}.*NNSIGHT_REPRO_UV"):
+        uvtool.binary()
+    assert not (scratch_cache / "uv" / uvtool.VERSION).exists()
+
+
+def tiny_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel, so a resolution test needs no index at all."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", "")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def broken_tools(suite_uv, scratch_cache, monkeypatch):
+    """``make(pin)``: a tools environment whose one pin is ``pin``, built by the suite's uv with the network off."""
+    monkeypatch.setenv("NNSIGHT_REPRO_UV", suite_uv)
+    monkeypatch.setenv("NNSIGHT_REPRO_OFFLINE", "1")
+    pins = scratch_cache / "pins"
+    pins.mkdir()
+    monkeypatch.setattr(envs, "PINS", pins)
+
+    def make(pin):
+        (pins / "broken.txt").write_text(pin + "\n")
+        spec = envs.ToolSpec("broken-tools", "broken.txt")
+        monkeypatch.setitem(envs.TOOLS, spec.name, spec)
+        return spec
+
+    return make
+
+
+def assert_never_ready(spec):
+    assert envs.state(spec.name, envs.env_dir(spec.name), envs.digest_of(envs.inputs(spec))) == "half-built"
+    with pytest.raises(envs.EnvError, match="did not finish"):
+        envs.ensure(spec.name, build=False)
+
+
+def test_a_pin_that_does_not_resolve_fails_naming_it_and_leaves_no_ready_environment(broken_tools, tmp_path,
+                                                                                      monkeypatch):
+    links = tmp_path / "links"
+    links.mkdir()
+    tiny_wheel(links, "nnsrprobe", "1.0")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    spec = broken_tools("nnsrprobe==2.0")
+    with pytest.raises(envs.EnvError, match=r"a pinned requirement \(nnsrprobe\) does not resolve\. Fix: correct"):
+        envs.ensure(spec.name)
+    assert_never_ready(spec)
+
+
+def test_a_package_the_network_must_supply_names_it_and_the_fix_when_offline(broken_tools):
+    spec = broken_tools("click==8.5.1")  # in no find-links directory; the scratch uv cache is empty
+    with pytest.raises(envs.EnvError, match=r"could not reach the package index for click\. Fix: restore access"):
+        envs.ensure(spec.name)
+    assert_never_ready(spec)
+
+
+@pytest.fixture(scope="session")
+def suite_uv():
+    """The uv the suite's environments were built with (the project cache's), so no test downloads uv again."""
+    home = os.environ.get("NNSIGHT_REPRO_UV") or str(envs.cache_dir() / "uv" / uvtool.VERSION / "bin" / "uv")
+    assert Path(home).is_file(), f"{home}: the environments were not built with this project's uv"
+    return home
+
+
+@pytest.mark.parametrize("name", ["main", "patched", "upstream-0.8"])
+def test_a_built_environment_has_every_pin_and_torch_from_the_local_cpu_wheel(name):
+    env = envs.ensure(name, build=False)
+    frozen = {}
+    for line in env.stamp["packages"]:
+        key, _, rest = line.partition(" @ ") if " @ " in line else line.partition("==")
+        frozen[key.lower().replace("_", "-")] = rest
+    for pin in (envs.PINS / env.stamp["inputs"]["spec"]["pins"]).read_text().splitlines():
+        if not pin or pin.startswith("#"):
+            continue
+        key, version = pin.split("==")
+        key = key.lower().replace("_", "-")
+        if key == "torch":
+            # By path, the CPU build: never a resolver's choice from PyPI (whose Linux wheel is CUDA's).
+            assert frozen[key].startswith("file://") and f"torch-{version}+cpu-" in frozen[key], frozen[key]
+        else:
+            assert frozen.get(key) == version, (pin, frozen.get(key))
+    assert not [k for k in frozen if k.startswith("nvidia-")]
+    assert frozen["nnsight"].startswith("file://") and f"nnsight-{env.stamp['inputs']['spec']['nnsight']}-" in frozen["nnsight"]
+
+
+# `pytest tests/...` from a plain interpreter (tests/nnsight_env.py) --------------------------------------
+
+def plain_interpreter_environ() -> dict:
+    """This environment's variables without what marks a project environment (as a fresh shell has them)."""
+    return {k: v for k, v in os.environ.items() if k not in {"NNSIGHT_REPRO_ENV", "PYTHONPATH", "VIRTUAL_ENV",
+                                                           "NNSIGHT_REPRO_TEST_ENV"}}
+
+
+def base_interpreter_without_nnsight() -> str:
+    base = getattr(sys, "_base_executable", sys.executable)
+    probe = subprocess.run([base, "-c", "import importlib.util as u; print(bool(u.find_spec('nnsight')), "
+                            "bool(u.find_spec('pytest')))"], capture_output=True, text=True,
+                           env=plain_interpreter_environ())
+    assert probe.stdout.split() == ["False", "True"], (base, probe.stdout, probe.stderr)
+    return base
+
+
+@pytest.mark.parametrize("choice, env_name", [([], "patched"), (["--nnsight-env", "main"], "main")])
+def test_pytest_from_an_interpreter_without_nnsight_runs_in_the_chosen_environment(choice, env_name):
+    base = base_interpreter_without_nnsight()
+    test = "tests/test_envs.py::test_the_suite_runs_in_the_environment_it_was_moved_into"
+    result = subprocess.run([base, "-m", "pytest", test, "-q", *choice], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, env={**plain_interpreter_environ(), "NNSIGHT_REPRO_EXPECT_ENV": env_name})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    moved = [line for line in result.stderr.splitlines() if line.startswith("[nnsight-repro]")]
+    assert len(moved) == 1 and f"in the {env_name!r} environment" in moved[0], result.stderr
+    assert "1 passed" in result.stdout
+
+
+def test_the_suite_runs_in_the_environment_it_was_moved_into():
+    expected = os.environ.get("NNSIGHT_REPRO_EXPECT_ENV")
+    import nnsight
+
+    assert os.environ.get("NNSIGHT_REPRO_ENV") == (expected or os.environ.get("NNSIGHT_REPRO_ENV"))
+    assert f"/envs/{os.environ['NNSIGHT_REPRO_ENV']}/venv/" in nnsight.__file__
+
+
+def test_naming_another_environment_from_inside_one_is_refused():
+    result = subprocess.run([sys.executable, "-m", "pytest", "tests/test_envs.py::test_unknown_environment_is_"
+                             "refused_naming_the_known_ones", "-q", "--nnsight-env", "upstream-0.8"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "run pytest from a plain interpreter to use 'upstream-0.8'" in result.stderr
+
+
+# Modal's client from the project's own install -----------------------------------------------------------
+
+def test_the_modal_extra_pins_the_modal_the_tools_environment_runs():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["modal"]
+    tools = [line for line in (envs.PINS / "tools.txt").read_text().splitlines() if line.startswith("modal==")]
+    assert extra == tools == ["modal==1.6.4"]
+
+
+def test_modal_run_through_the_project_command_needs_no_modal_of_ones_own():
+    base = base_interpreter_without_nnsight()
+    environ = {k: v for k, v in plain_interpreter_environ().items() if not k.startswith("MODAL_")}
+    environ["MODAL_CONFIG_PATH"] = str(ROOT / ".no-such-dir" / "modal.toml")
+    result = subprocess.run([base, "-m", "nnsight_repro", "modal", "run", "modal_verify_patch.py", "--help"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=environ)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for flag in ("--models", "--checks", "--gpu", "--out"):
+        assert flag in result.stdout, result.stdout

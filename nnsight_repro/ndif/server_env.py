@@ -6,16 +6,16 @@ Two generations (:data:`SERVERS`): ``ndif-server`` (ndif 0.1.2 + nnsight 0.8.1, 
 ``<cache>/envs/<name>`` with ``env.json`` written last, carrying a digest of every input. A directory
 without a stamp, or with another digest, is rebuilt; a half-built one is never used.
 
-How it is built, and why in this order:
+How it is built (with uv, by the helpers of :mod:`nnsight_repro.envs`, sharing their uv cache), and why
+in this order:
 
-1. ``torch==2.13.0`` alone, by exact version, so pip takes the CPU wheel on local disk and never a
-   multi-GB CUDA build.
-2. ``pins/ndif-server.txt``: every other package, pinned.
-3. ``ndif==0.1.2`` with ``--ignore-requires-python --no-deps``. It declares Python >= 3.12 but runs on
-   3.11 (only its metadata says otherwise); ``--no-deps`` because that flag would also let pip pick
-   sdists that really need 3.12 (numpy's). The wheel is checked against a pinned hash.
-4. nnsight 0.8.1 from the same hash-pinned sdist the ``upstream-0.8`` client is built from, so server and
-   client run the same nnsight.
+1. ``pins/ndif-server.txt`` and the local CPU torch wheel (by path, so no resolver ever picks a
+   multi-GB CUDA build), in one resolution.
+2. ``ndif==0.1.2`` without dependencies, from its hash-pinned wheel, with ``--python-version 3.12``: it
+   declares Python >= 3.12 but runs on 3.11 (only its metadata says otherwise), and without
+   dependencies that override reaches no other package (numpy's 3.12-only releases, say).
+3. nnsight 0.8.1 built into a wheel from the same hash-pinned sdist the ``upstream-0.8`` client is
+   built from, so server and client run the same nnsight.
 
 The 0.7 server is built by the same steps: ``pins/ndif-server-0.7.txt``, ``ndif==0.0.1`` (same flags, same
 reasons, its wheel hash-pinned), and stock nnsight 0.7.0 from the sdist the ``main`` client is built
@@ -40,6 +40,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -78,7 +80,7 @@ NDIF_WHEEL_SHA256 = SERVERS["0.8"].wheel_sha256
 CLIENT_ENV = SERVERS["0.8"].client_env
 PINS = envs.PINS / SERVERS["0.8"].pins
 #: Bump when the build steps change, so existing server environments are rebuilt.
-RECIPE = 1
+RECIPE = 2
 
 
 def log(message: str) -> None:
@@ -110,6 +112,8 @@ def inputs(line: str = "0.8") -> dict:
         "nnsight": client.nnsight,
         "nnsight_sdist_sha256": client.sdist_sha256,
         "pins_sha256": hashlib.sha256((envs.PINS / spec.pins).read_bytes()).hexdigest(),
+        "uv": envs.uvtool.VERSION,
+        "build_pins_sha256": hashlib.sha256(envs.BUILD_PINS.read_bytes()).hexdigest(),
         "python": sys.version.split()[0],
         "python_home": sys.base_prefix,
     }
@@ -132,26 +136,29 @@ def _build(spec: ServerSpec, where: Path, wanted: dict, digest: str) -> None:
     step = envs.stepper(spec.name, where / "build.log")
     client = envs.spec(spec.client_env)
     pins = envs.PINS / spec.pins
-    wheel = envs.download(spec.wheel, spec.wheel_sha256, ["--ignore-requires-python", f"ndif=={spec.ndif}"])
+    wheel = ndif_wheel("0.8" if spec is SERVERS["0.8"] else "0.7")
     nnsight_sdist = envs.sdist(client.nnsight, client.sdist_sha256)
-    venv = where / "venv"
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    step("creating the venv", [sys.executable, "-m", "venv", str(venv)])
-    torch_pin = next(line for line in pins.read_text().splitlines() if line.startswith("torch=="))
-    step("installing torch", [*pip, "install", "--quiet", torch_pin])
-    step("installing the pinned requirements", [*pip, "install", "--quiet", "-r", str(pins)])
-    step(f"installing ndif {spec.ndif}",
-         [*pip, "install", "--quiet", "--no-deps", "--ignore-requires-python", str(wheel)])
-    step(f"installing nnsight {client.nnsight}", [*pip, "install", "--quiet", "--no-deps", str(nnsight_sdist)])
+    python = envs.make_venv(step, where)
+    envs.install_pins(step, python, pins)
+    # --python-version only moves ndif's declared Requires-Python check (>= 3.12) out of the way, for this
+    # one pure-Python wheel installed without dependencies.
+    envs.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
+                 "--python-version", "3.12", str(wheel))
+    with tempfile.TemporaryDirectory(dir=where) as scratch:
+        with tarfile.open(nnsight_sdist) as tar:
+            tar.extractall(scratch, filter="data")
+        built = envs.build_wheel(step, Path(scratch) / f"nnsight-{client.nnsight}", Path(scratch) / "dist",
+                                 client.nnsight, "the sdist")
+        envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
+                     "--no-deps", "--reinstall-package", "nnsight", str(built))
+    envs.compile_bytecode(step, python)
     installed = step("checking the install", [python, "-c", (
         f"import importlib.metadata as m, {spec.imports}\n"
         "print(m.version('ndif'), m.version('nnsight'))")]).split()
     if installed != [spec.ndif, client.nnsight]:
         raise envs.EnvError(f"Building {spec.name!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[spec.ndif, client.nnsight]}.")
-    freeze = step("recording the installed packages", [*pip, "freeze", "--all"]).splitlines()
-    envs.write_stamp(where, spec.name, digest, wanted, freeze)
+    envs.write_stamp(where, spec.name, digest, wanted, envs.freeze(step, python))
 
 
 def status(line: str = "0.8") -> dict:

@@ -293,7 +293,13 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             say(f"forgetting the state of a stack that is gone ({cfg.state_file})")
             cfg.state_file.unlink()
         t0 = time.monotonic()
+
+        def phase(message: str) -> None:
+            # One line per phase of the start, so a minute-long cold start is never silent.
+            say(f"{cfg.line} stack ({cfg.server}): {message} (+{time.monotonic() - t0:.1f} s)")
+
         timings = {}
+        phase("checking the server and client environments")
         env = server_env.ensure(line=cfg.line)
         server_env.redis_server()
         for client in cfg.generation.clients:
@@ -302,6 +308,8 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
         # minted once and remembered, so a warm `up` starts no client.
         t_mint = time.monotonic()
+        if models:
+            phase(f"minting the remote keys of {', '.join(models)}")
         minted = minted_keys(cfg, models) if models else {}
         timings["keys_s"] = round(time.monotonic() - t_mint, 2)
         # A cold start: nothing of a previous run survives but nothing else is touched.
@@ -342,7 +350,9 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
             # actors load while the API is still coming up, and no deploy client has to connect to Ray.
             deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
+            phase(f"starting Ray (its controller deploys {', '.join(minted) or 'nothing'})")
             by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments})
+            phase("starting Redis and the S3 store")
             for name in ("redis", "s3"):
                 by_name[name].start(cfg, service_env)
             # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
@@ -354,6 +364,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
                   [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2)
             _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
                   cfg.start_timeout, interval=0.2)
+            phase("starting the API")
             by_name["api"].start(cfg, service_env)
             state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
             _write_state(cfg, state)
@@ -366,6 +377,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             timings["services_s"] = round(time.monotonic() - t_cold, 2)
             say(f"services up in {timings['services_s']} s")
             if minted:
+                phase(f"deploying {', '.join(minted)} (waiting for HOT)")
                 wait_hot(cfg, env, minted, services)
                 timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
                 say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
