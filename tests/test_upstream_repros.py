@@ -13,6 +13,9 @@ is nnsight 0.7.0 as released, ``upstream-0.8`` is 0.8.1), from a script file:
 file. A different transformers comes from an overlay (``nnsight_repro.overlays``)
 put first on ``PYTHONPATH``; nothing else in the environment changes.
 
+The serializer repros write their record to a file the parent names (argv),
+never to stdout, which a library may also write to.
+
 multimolecule 0.2.2's ERNIE-RNA forward on transformers 5.24 runs for real
 (the panel's tiny ERNIE-RNA, in ``main``, which has multimolecule), next to
 the transformers 5.24 change it trips on, shown on a bare output class shaped
@@ -171,6 +174,66 @@ print(json.dumps(record))
 """
 
 
+# Both lines: decorated functions defined in a real __main__ file, each sent
+# through nnsight's serializer and called. On 0.7.0 also Envoy.output, whose
+# eproperty hook is requires_output's functools.wraps wrapper around the stub.
+DECORATED_ROUND_TRIP = """
+import functools, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from nnsight.intervention import serialization
+
+SCALE = 3
+
+def tag(label):
+    def decorator(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return f"{label}({fn(*args, **kwargs)})"
+        return wrapper
+    return decorator
+
+@tag("A")
+@tag("B")
+def stacked(x):
+    return x
+
+wrapped_lambda = tag("L")(lambda x: x * 2)
+
+@torch.no_grad()
+def scaled(x):
+    return x * SCALE
+
+def register(fn):
+    return fn
+
+def make_closure(k):
+    @register
+    def add_k(x):
+        return x + k
+    return add_k
+
+cases = {"stacked": (stacked, (1,)), "wrapped_lambda": (wrapped_lambda, (1,)),
+         "no_grad": (scaled, (torch.tensor(2.0),)), "decorated_closure": (make_closure(5), (1,))}
+record = {}
+for name, (fn, args) in cases.items():
+    try:
+        record[name] = repr(serialization.loads(serialization.dumps(fn))(*args))
+    except Exception as exc:
+        record[name] = f"{type(exc).__name__}: {exc}"
+    record[name + "_original"] = repr(fn(*args))
+try:
+    from nnsight.intervention.envoy import Envoy
+    hook = serialization.loads(serialization.dumps(Envoy.output))._hook
+    # requires_output's hook registers the forward hook; the stub it wraps does not.
+    record["envoy_output"] = "hook" if "output_hook" in hook.__code__.co_names else "stub"
+except Exception as exc:
+    record["envoy_output"] = f"{type(exc).__name__}: {exc}"
+with open(sys.argv[1], "w") as out:
+    json.dump(record, out)
+"""
+
+
 @dataclass(frozen=True)
 class Repro:
     env: str
@@ -178,6 +241,7 @@ class Repro:
     overlay: str | None = None  # a pinned package put first on PYTHONPATH
     fix: str | None = None  # a fix series applied to a copy of the installed nnsight
     args: tuple = ()
+    to_file: bool = False  # the script writes its record to the path given as its last argument
 
 
 def bert_dir() -> str:
@@ -198,6 +262,10 @@ REPROS = {
     "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
     "ernierna_tf524": Repro("main", ERNIE_RNA_FORWARD, overlay="transformers==5.24.0"),
     "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
+    "decorated_081": Repro("upstream-0.8", DECORATED_ROUND_TRIP, to_file=True),
+    "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08, to_file=True),
+    "decorated_070": Repro("main", DECORATED_ROUND_TRIP, to_file=True),
+    "decorated_070_fixed": Repro("main", DECORATED_ROUND_TRIP, fix=EXTRAS_07, to_file=True),
 }
 
 
@@ -211,7 +279,14 @@ def run(name: str, repro: Repro, scratch: Path, bert: str) -> dict:
     script = scratch / f"{name}.py"
     script.write_text(repro.script)
     args = [bert if a == "BERT" else a for a in repro.args]
+    record = scratch / f"{name}.json"
+    if repro.to_file:
+        args.append(str(record))
     result = env.run([str(script), *args], cwd=scratch, extra_env={"PYTHONPATH": ":".join(path)}, timeout=600)
+    if repro.to_file:
+        if record.is_file():
+            return json.loads(record.read_text())
+        return {"crashed": result.returncode, "stderr": result.stderr[-3000:]}
     lines = result.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -323,6 +398,54 @@ def test_multimolecule_022_ernie_rna_forward_runs_on_transformers_5222(outcome):
     record = outcome("ernierna_tf5222")
     assert record.get("transformers") == "5.22.2" and "error" not in record, record
     assert record["logits"][0] == 1 and record["logits"][1] > 40, record  # 40 nt + special tokens
+
+
+# (vi) the serializer rebuilds a functools.wraps wrapper from the wrapped function ---
+
+def test_081_stacked_wraps_decorators_come_back_as_the_undecorated_function(outcome):
+    record = outcome("decorated_081")
+    assert (record.get("stacked_original"), record.get("stacked")) == ("'A(B(1))'", "1"), record
+
+
+def test_081_wraps_around_a_lambda_comes_back_as_the_lambda(outcome):
+    record = outcome("decorated_081")
+    assert (record.get("wrapped_lambda_original"), record.get("wrapped_lambda")) == ("'L(2)'", "2"), record
+
+
+def test_081_no_grad_function_loses_its_module_globals(outcome):
+    # Its globals are looked up in torch/utils/_contextlib.py, the wrapper's module.
+    assert outcome("decorated_081").get("no_grad") == "NameError: name 'SCALE' is not defined"
+
+
+def test_081_with_our_fix_every_decorated_function_returns_what_the_original_returns(outcome):
+    record = outcome("decorated_081_fixed")
+    names = ["stacked", "wrapped_lambda", "no_grad", "decorated_closure"]
+    assert [record.get(n) for n in names] == [record.get(n + "_original") for n in names], record
+    assert "crashed" not in record, record
+
+
+def test_070_envoy_output_does_not_load(outcome):
+    assert outcome("decorated_070").get("envoy_output") == "NameError: name 'hooked_output' is not defined"
+
+
+def test_070_a_wraps_decorated_function_does_not_load(outcome):
+    # The closure factory re-runs the wrapped function's decorator lines.
+    assert outcome("decorated_070").get("stacked") == "NameError: name 'tag' is not defined"
+
+
+def test_070_a_decorated_closure_without_wraps_does_not_load(outcome):
+    assert outcome("decorated_070").get("decorated_closure") == "NameError: name 'register' is not defined"
+
+
+def test_070_with_our_fix_envoy_output_loads_as_its_hook(outcome):
+    assert outcome("decorated_070_fixed").get("envoy_output") == "hook", outcome("decorated_070_fixed")
+
+
+def test_070_with_our_fix_every_decorated_function_returns_what_the_original_returns(outcome):
+    record = outcome("decorated_070_fixed")
+    names = ["stacked", "wrapped_lambda", "no_grad", "decorated_closure"]
+    assert [record.get(n) for n in names] == [record.get(n + "_original") for n in names], record
+    assert "crashed" not in record, record
 
 
 # The fix series -------------------------------------------------------------------
