@@ -234,6 +234,44 @@ with open(sys.argv[1], "w") as out:
 """
 
 
+# nnsight 0.7.0: an Envoy subclass defined in a user's __main__, with its own
+# hooked attribute, in a remote="local" trace. It goes by value with its
+# eproperty, whose hook is requires_output's wrapper. 0.7.0's LanguageModel
+# hands an envoys= keyword on to from_pretrained, so the class attribute is used.
+ENVOY_SUBCLASS_070 = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+from nnsight import LanguageModel
+from nnsight.intervention.envoy import Envoy
+from nnsight.intervention.hooks import hooked_output
+from nnsight_repro import models
+
+class BlockEnvoy(Envoy):
+    @hooked_output(key="output")
+    def hidden(self):
+        \"\"\"The block's output, under a name of the user's choosing.\"\"\"
+
+class ProbedLM(LanguageModel):
+    envoys = {GPT2Block: BlockEnvoy}
+
+model = ProbedLM(str(models.saved_model("gpt2")), tokenizer=models.build_tokenizer(False), dispatch=True)
+ids = models.token_ids(model.tokenizer, models.SENTENCE)
+record = {"envoy_class": type(model.transformer.h[0]).__name__}
+with model.trace(ids):
+    local = model.transformer.h[0].hidden[0].save()
+try:
+    with model.trace(ids, remote="local"):
+        simulated = model.transformer.h[0].hidden[0].save()
+    record["equals_local"] = bool(torch.equal(local, simulated))
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+with open(sys.argv[1], "w") as out:
+    json.dump(record, out)
+"""
+
+
 @dataclass(frozen=True)
 class Repro:
     env: str
@@ -266,6 +304,8 @@ REPROS = {
     "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08, to_file=True),
     "decorated_070": Repro("main", DECORATED_ROUND_TRIP, to_file=True),
     "decorated_070_fixed": Repro("main", DECORATED_ROUND_TRIP, fix=EXTRAS_07, to_file=True),
+    "envoy_subclass_070": Repro("main", ENVOY_SUBCLASS_070, to_file=True),
+    "envoy_subclass_070_fixed": Repro("main", ENVOY_SUBCLASS_070, fix=EXTRAS_07, to_file=True),
 }
 
 
@@ -446,6 +486,16 @@ def test_070_with_our_fix_every_decorated_function_returns_what_the_original_ret
     names = ["stacked", "wrapped_lambda", "no_grad", "decorated_closure"]
     assert [record.get(n) for n in names] == [record.get(n + "_original") for n in names], record
     assert "crashed" not in record, record
+
+
+def test_070_remote_local_fails_on_an_envoy_subclass_from_main_with_its_own_hooked_attribute(outcome):
+    record = outcome("envoy_subclass_070")
+    assert record == {"envoy_class": "BlockEnvoy", "error": "NameError: name 'hooked_output' is not defined"}, record
+
+
+def test_070_with_our_fix_an_envoy_subclass_from_main_runs_with_remote_local(outcome):
+    record = outcome("envoy_subclass_070_fixed")
+    assert record == {"envoy_class": "BlockEnvoy", "equals_local": True}, record
 
 
 # The fix series -------------------------------------------------------------------
