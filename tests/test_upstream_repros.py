@@ -13,6 +13,9 @@ is nnsight 0.7.0 as released, ``upstream-0.8`` is 0.8.1), from a script file:
 file. A different transformers comes from an overlay (``nnsight_repro.overlays``)
 put first on ``PYTHONPATH``; nothing else in the environment changes.
 
+The serializer repros write their record to a file the parent names (argv),
+never to stdout, which a library may also write to.
+
 multimolecule 0.2.2's ERNIE-RNA forward on transformers 5.24 runs for real
 (the panel's tiny ERNIE-RNA, in ``main``, which has multimolecule), next to
 the transformers 5.24 change it trips on, shown on a bare output class shaped
@@ -174,6 +177,104 @@ send(record)
 """
 
 
+# Both lines: decorated functions defined in a real __main__ file, each sent
+# through nnsight's serializer and called. On 0.7.0 also Envoy.output, whose
+# eproperty hook is requires_output's functools.wraps wrapper around the stub.
+DECORATED_ROUND_TRIP = """
+from nnsight_repro.channel import send
+import functools, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from nnsight.intervention import serialization
+
+SCALE = 3
+
+def tag(label):
+    def decorator(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return f"{label}({fn(*args, **kwargs)})"
+        return wrapper
+    return decorator
+
+@tag("A")
+@tag("B")
+def stacked(x):
+    return x
+
+wrapped_lambda = tag("L")(lambda x: x * 2)
+
+@torch.no_grad()
+def scaled(x):
+    return x * SCALE
+
+def register(fn):
+    return fn
+
+def make_closure(k):
+    @register
+    def add_k(x):
+        return x + k
+    return add_k
+
+cases = {"stacked": (stacked, (1,)), "wrapped_lambda": (wrapped_lambda, (1,)),
+         "no_grad": (scaled, (torch.tensor(2.0),)), "decorated_closure": (make_closure(5), (1,))}
+record = {}
+for name, (fn, args) in cases.items():
+    try:
+        record[name] = repr(serialization.loads(serialization.dumps(fn))(*args))
+    except Exception as exc:
+        record[name] = f"{type(exc).__name__}: {exc}"
+    record[name + "_original"] = repr(fn(*args))
+try:
+    from nnsight.intervention.envoy import Envoy
+    hook = serialization.loads(serialization.dumps(Envoy.output))._hook
+    # requires_output's hook registers the forward hook; the stub it wraps does not.
+    record["envoy_output"] = "hook" if "output_hook" in hook.__code__.co_names else "stub"
+except Exception as exc:
+    record["envoy_output"] = f"{type(exc).__name__}: {exc}"
+send(record)
+"""
+
+
+# nnsight 0.7.0: an Envoy subclass defined in a user's __main__, with its own
+# hooked attribute, in a remote="local" trace. It goes by value with its
+# eproperty, whose hook is requires_output's wrapper. 0.7.0's LanguageModel
+# hands an envoys= keyword on to from_pretrained, so the class attribute is used.
+ENVOY_SUBCLASS_070 = """
+from nnsight_repro.channel import send
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+from nnsight import LanguageModel
+from nnsight.intervention.envoy import Envoy
+from nnsight.intervention.hooks import hooked_output
+from nnsight_repro import models
+
+class BlockEnvoy(Envoy):
+    @hooked_output(key="output")
+    def hidden(self):
+        \"\"\"The block's output, under a name of the user's choosing.\"\"\"
+
+class ProbedLM(LanguageModel):
+    envoys = {GPT2Block: BlockEnvoy}
+
+model = ProbedLM(str(models.saved_model("gpt2")), tokenizer=models.build_tokenizer(False), dispatch=True)
+ids = models.token_ids(model.tokenizer, models.SENTENCE)
+record = {"envoy_class": type(model.transformer.h[0]).__name__}
+with model.trace(ids):
+    local = model.transformer.h[0].hidden[0].save()
+try:
+    with model.trace(ids, remote="local"):
+        simulated = model.transformer.h[0].hidden[0].save()
+    record["equals_local"] = bool(torch.equal(local, simulated))
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+send(record)
+"""
+
+
 @dataclass(frozen=True)
 class Repro:
     env: str
@@ -201,6 +302,12 @@ REPROS = {
     "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
     "ernierna_tf524": Repro("main", ERNIE_RNA_FORWARD, overlay="transformers==5.24.0"),
     "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
+    "decorated_081": Repro("upstream-0.8", DECORATED_ROUND_TRIP),
+    "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08),
+    "decorated_070": Repro("main", DECORATED_ROUND_TRIP),
+    "decorated_070_fixed": Repro("main", DECORATED_ROUND_TRIP, fix=EXTRAS_07),
+    "envoy_subclass_070": Repro("main", ENVOY_SUBCLASS_070),
+    "envoy_subclass_070_fixed": Repro("main", ENVOY_SUBCLASS_070, fix=EXTRAS_07),
 }
 
 
@@ -325,6 +432,64 @@ def test_multimolecule_022_ernie_rna_forward_runs_on_transformers_5222(outcome):
     record = outcome("ernierna_tf5222")
     assert record.get("transformers") == "5.22.2" and "error" not in record, record
     assert record["logits"][0] == 1 and record["logits"][1] > 40, record  # 40 nt + special tokens
+
+
+# (vi) the serializer rebuilds a functools.wraps wrapper from the wrapped function ---
+
+def test_081_stacked_wraps_decorators_come_back_as_the_undecorated_function(outcome):
+    record = outcome("decorated_081")
+    assert (record.get("stacked_original"), record.get("stacked")) == ("'A(B(1))'", "1"), record
+
+
+def test_081_wraps_around_a_lambda_comes_back_as_the_lambda(outcome):
+    record = outcome("decorated_081")
+    assert (record.get("wrapped_lambda_original"), record.get("wrapped_lambda")) == ("'L(2)'", "2"), record
+
+
+def test_081_no_grad_function_loses_its_module_globals(outcome):
+    # Its globals are looked up in torch/utils/_contextlib.py, the wrapper's module.
+    assert outcome("decorated_081").get("no_grad") == "NameError: name 'SCALE' is not defined"
+
+
+def test_081_with_our_fix_every_decorated_function_returns_what_the_original_returns(outcome):
+    record = outcome("decorated_081_fixed")
+    names = ["stacked", "wrapped_lambda", "no_grad", "decorated_closure"]
+    assert [record.get(n) for n in names] == [record.get(n + "_original") for n in names], record
+    assert "crashed" not in record, record
+
+
+def test_070_envoy_output_does_not_load(outcome):
+    assert outcome("decorated_070").get("envoy_output") == "NameError: name 'hooked_output' is not defined"
+
+
+def test_070_a_wraps_decorated_function_does_not_load(outcome):
+    # The closure factory re-runs the wrapped function's decorator lines.
+    assert outcome("decorated_070").get("stacked") == "NameError: name 'tag' is not defined"
+
+
+def test_070_a_decorated_closure_without_wraps_does_not_load(outcome):
+    assert outcome("decorated_070").get("decorated_closure") == "NameError: name 'register' is not defined"
+
+
+def test_070_with_our_fix_envoy_output_loads_as_its_hook(outcome):
+    assert outcome("decorated_070_fixed").get("envoy_output") == "hook", outcome("decorated_070_fixed")
+
+
+def test_070_with_our_fix_every_decorated_function_returns_what_the_original_returns(outcome):
+    record = outcome("decorated_070_fixed")
+    names = ["stacked", "wrapped_lambda", "no_grad", "decorated_closure"]
+    assert [record.get(n) for n in names] == [record.get(n + "_original") for n in names], record
+    assert "crashed" not in record, record
+
+
+def test_070_remote_local_fails_on_an_envoy_subclass_from_main_with_its_own_hooked_attribute(outcome):
+    record = outcome("envoy_subclass_070")
+    assert record == {"envoy_class": "BlockEnvoy", "error": "NameError: name 'hooked_output' is not defined"}, record
+
+
+def test_070_with_our_fix_an_envoy_subclass_from_main_runs_with_remote_local(outcome):
+    record = outcome("envoy_subclass_070_fixed")
+    assert record == {"envoy_class": "BlockEnvoy", "equals_local": True}, record
 
 
 # The fix series -------------------------------------------------------------------
