@@ -11,18 +11,16 @@ nnsight (the fix is in ``dumps``). The server is always the released 0.8.1: a fi
 is what it must load. The client writes its record to a file this test names.
 """
 
-import json
-import subprocess
-
 import pytest
 
-from nnsight_repro import ROOT, envs, overlays
+from nnsight_repro import ROOT, channel, envs, overlays
 from nnsight_repro.ndif import netns
 
 CLIENT = """
-import functools, json, sys, warnings
+import functools, sys, warnings
 warnings.simplefilter("ignore")
 import torch
+from nnsight_repro.channel import send
 from nnsight_repro.ndif import remote_client
 
 SCALE = 3
@@ -63,8 +61,7 @@ for name, helper in [("doubled", first_layer), ("no_grad", scaled)]:
     except Exception as exc:
         text = str(exc)
         record[name] = {"error": type(exc).__name__, "message": text[-600:]}
-with open(sys.argv[1], "w") as out:
-    json.dump(record, out)
+send(record)
 """
 
 
@@ -78,12 +75,10 @@ def clients(ndif_stack, tmp_path_factory):
     fixed = overlays.with_series(env, "nnsight-v0.8.1-extras", scratch / "fixed")
     records = {}
     for build, pythonpath in [("release", str(ROOT)), ("fixed", f"{fixed}:{ROOT}")]:
-        out = scratch / f"{build}.json"
-        run = subprocess.run(netns.command(ndif_stack.cfg.netns, [str(env.python), str(script), str(out)]),
-                             env=env.environ({"NDIF_HOST": ndif_stack.cfg.api_url, "PYTHONPATH": pythonpath}),
-                             capture_output=True, text=True, timeout=900, cwd=scratch)
-        assert out.is_file(), f"{build} client wrote no record (exit {run.returncode}):\n{run.stderr[-3000:]}"
-        records[build] = json.loads(out.read_text())
+        records[build] = channel.run_one(
+            netns.command(ndif_stack.cfg.netns, [str(env.python), str(script)]),
+            env=env.environ({"NDIF_HOST": ndif_stack.cfg.api_url, "PYTHONPATH": pythonpath}), cwd=scratch,
+            timeout=900, what=f"the {build} 0.8.1 client in the stack's namespace")
     return records
 
 

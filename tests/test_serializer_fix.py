@@ -16,17 +16,16 @@ Here:
   payload from a fixed client runs right on a released server, and a payload
   from a released client loads on a fixed server as it does on the release.
 
-Every child writes its record to a file the parent names; nothing is read
-from stdout.
+Every child sends its record through nnsight_repro.channel; the payloads
+themselves travel in files the parent names.
 """
 
-import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 import pytest
 
-from nnsight_repro import envs, overlays
+from nnsight_repro import ROOT, envs, overlays
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,8 @@ with open(sys.argv[1], "wb") as out:
 
 # A fresh process of the server's build: it has never seen the client's script.
 LOAD = """
-import json, pickle, sys, warnings
+import pickle, sys, warnings
+from nnsight_repro.channel import send
 warnings.simplefilter("ignore")
 from nnsight.intervention import serialization
 record = {}
@@ -151,8 +151,7 @@ with open(sys.argv[1], "rb") as payloads:
             record[name] = {"equal": got == expected, "got": got, "name": fn.__name__, "client_name": fn_name}
         except Exception as exc:
             record[name] = {"error": f"{type(exc).__name__}: {exc}"}
-with open(sys.argv[2], "w") as out:
-    json.dump(record, out)
+send(record)
 """
 
 
@@ -174,12 +173,11 @@ def wire(fixed, tmp_path_factory):
             result = env.run([str(scratch / "dump.py"), str(payload)], cwd=scratch,
                              extra_env=pythonpath(line, client), timeout=600)
             assert payload.is_file(), result.stderr[-3000:]
-        record = scratch / f"{line}-{client}-to-{server}.json"
         if (line, client, server) not in done:
-            result = env.run([str(scratch / "load.py"), str(payload), str(record)], cwd=scratch,
-                             extra_env=pythonpath(line, server), timeout=600)
-            assert record.is_file(), result.stderr[-3000:]
-            done[line, client, server] = json.loads(record.read_text())
+            done[line, client, server] = env.run_one(
+                [str(scratch / "load.py"), str(payload)], doing=f"loading a {client} {line} payload",
+                cwd=scratch, extra_env={"PYTHONPATH": ":".join([*pythonpath(line, server).values(), str(ROOT)])},
+                timeout=600)
         return done[line, client, server]
 
     run.payload = lambda line, build: scratch / f"{line}-{build}.pickle"
