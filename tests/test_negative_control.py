@@ -2,9 +2,9 @@
 
 The series is proven by difference: on ``main`` exactly the tests marked
 ``fixed_by_series`` fail and everything else passes; on ``patched`` everything
-passes; nnsight's own offline tests (``UPSTREAM_OFFLINE``) give the same outcome per test on
-both; and every number the check routine
-produces is identical between them. Each side runs in its own cached
+passes; nnsight's own offline tests (``UPSTREAM_OFFLINE``) give the
+same outcome per test on both; and every number the check routine produces is
+identical between them. Each side runs in its own cached
 environment (built by ``python3 -m nnsight_repro test``); a missing one is an
 error that names the command, never a skip.
 """
