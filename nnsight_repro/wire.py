@@ -154,12 +154,46 @@ def serve_requests(folders, models, traces=TRACES) -> list:
                 except Exception as exc:  # the server's answer, recorded as the user would see it
                     records.append({**record, **checks.failure(exc)})
                     continue
+                if (model, kind) == RELOADED:
+                    record.update(reloads(subject, (Path(folder) / f"{model}.{kind}.request").read_bytes()))
                 expected = torch.load(Path(folder) / f"{model}.{kind}.local")
                 diffs = {name: float((saves[name] - value).abs().max())
                          for name, value in expected.items() if name in saves}
                 records.append({**record, "ok": set(saves) == set(expected) and max(diffs.values()) == 0.0,
                                 "saved": sorted(saves), "max_abs_diff": max(diffs.values(), default=None)})
     return records
+
+
+#: The request loaded again and again by the server (:func:`reloads`), and how often.
+RELOADED, RELOADS = ("bert-mlm", "read"), 1000
+
+
+def live_envoy_classes() -> int:
+    import gc
+
+    from nnsight.intervention.envoy import Envoy
+
+    gc.collect()
+    found, todo = set(), [Envoy]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return len(found)
+
+
+def reloads(subject, payload: bytes, count: int = RELOADS) -> dict:
+    """Live Envoy classes after one load of ``payload`` and after ``count`` more, in a process that never built
+    the request's classes itself: a shared model actor must not accumulate them."""
+    from nnsight.schema.request import RequestModel
+
+    persistent = subject.model._remoteable_persistent_objects()
+    RequestModel.deserialize(payload, persistent, compress=False)
+    before = live_envoy_classes()
+    for _ in range(count):
+        RequestModel.deserialize(payload, persistent, compress=False)
+    return {"reloads": count, "live_envoy_classes": [before, live_envoy_classes()]}
 
 
 def main(argv=None) -> int:

@@ -50,6 +50,14 @@ def test_patched_client_runs_on_the_released_server(wire_run, model, trace):
     assert record["ok"] and record["max_abs_diff"] == 0.0, record
 
 
+@pytest.mark.parametrize("server", SERVERS)
+def test_loading_a_patched_request_again_and_again_leaves_live_envoy_classes_constant(wire_run, server):
+    """A model actor serves many requests: by-value classes must not pile up (10,000: the benchmark)."""
+    record = wire_run[1][(server, "patched", *wire.RELOADED)]
+    before, after = record["live_envoy_classes"]
+    assert record["reloads"] == wire.RELOADS and after == before, record
+
+
 @pytest.mark.parametrize("trace", wire.TRACES)
 @pytest.mark.parametrize("model", MODELS)
 def test_patched_client_runs_on_the_patched_server(wire_run, model, trace):
