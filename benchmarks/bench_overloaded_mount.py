@@ -219,39 +219,26 @@ def measure_request(layers: int, dump: Optional[str]) -> dict:
 RELOADS = 0
 
 
-def _live_envoy_classes() -> int:
-    import gc
-
-    from nnsight.intervention.envoy import Envoy
-
-    gc.collect()
-    found, todo = set(), [Envoy]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in found:
-                found.add(sub)
-                todo.append(sub)
-    return len(found)
-
-
 def measure_reloads(model, payload: bytes, count: int) -> dict:
     """Load one request ``count`` times, as a shared model actor would: do classes or memory accumulate?"""
     import resource
 
     from nnsight.schema.request import RequestModel
 
+    from nnsight_repro.wire import live_envoy_classes
+
     persistent = model._remoteable_persistent_objects()
     try:
         RequestModel.deserialize(payload, persistent)
     except Exception as exc:  # main: the hooked_output NameError
         return {"reloads": count, "reload_error": f"{type(exc).__name__}: {exc}"[:300]}
-    before, rss_before = _live_envoy_classes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before, rss_before = live_envoy_classes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     for _ in range(count):
         RequestModel.deserialize(payload, persistent)
     seconds = time.perf_counter() - started
     return {"reloads": count, "reload_s": seconds / count, "live_envoy_classes_before": before,
-            "live_envoy_classes_after": _live_envoy_classes(),
+            "live_envoy_classes_after": live_envoy_classes(),
             "max_rss_growth_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before}
 
 

@@ -22,6 +22,7 @@ from nnsight.intervention import envoy as envoy_module
 from nnsight.intervention.envoy import Envoy
 
 from nnsight_repro import checks, models
+from nnsight_repro.wire import live_envoy_classes
 
 fixed = pytest.mark.fixed_by_series
 
@@ -126,17 +127,6 @@ def test_tree_whose_envoy_base_travels_by_value_round_trips(bert):
     # The module is gone: only the bytes can bring the class back.
     loaded = serialization.loads(payload, persistent)
     assert [e.path for e in loaded.modules()] == [e.path for e in tree.modules()]
-
-
-def live_envoy_classes() -> int:
-    gc.collect()
-    found, todo = set(), [Envoy]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in found:
-                found.add(sub)
-                todo.append(sub)
-    return len(found)
 
 
 def global_pickle(module: str, name: str) -> bytes:
