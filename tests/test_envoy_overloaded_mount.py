@@ -149,7 +149,7 @@ def test_a_request_naming_what_nnsight_does_not_define_fails_plainly_and_creates
 
     names_before, classes_before = set(vars(envoy_module)), live_envoy_classes()
     with pytest.raises(AttributeError):
-        serialization.CustomCloudUnpickler(io.BytesIO(global_pickle(envoy_module.__name__, name))).load()
+        serialization.CustomCloudUnpickler(io.BytesIO(global_pickle(envoy_module.__name__, name)), {}).load()
     assert set(vars(envoy_module)) == names_before
     assert live_envoy_classes() == classes_before
 
