@@ -141,15 +141,19 @@ def test_patched_server_runs_the_patched_environments_own_nnsight(patched_server
 # The stack itself ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flavour", ["stock_server", "patched_server"])
-def test_stack_has_only_loopback_lists_every_deployed_key_hot_and_leaves_nothing(flavour, request):
+def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothing(flavour, request):
     result = request.getfixturevalue(flavour)
     assert result["interfaces"] == ["lo"]
     assert result["status"]["problems"] == [], result["status"]["problems"]
-    keys = {case_record["key"] for records in result["clients"].values() for case_record in records.values()}
+    records = [r for per_client in result["clients"].values() for r in per_client.values() if "key" in r]
+    keys = {r["key"] for r in records}
+    # The stock client's ESM key asks for AutoModelForCausalLM, which ESM has not: the one key no server builds.
+    unbuildable = {r["key"] for r in records if "error provisioning the model deployment" in r.get("message", "")}
+    assert unbuildable and all("esm-mlm" in key and "automodel" not in key for key in unbuildable), unbuildable
     # Models `up` deployed are listed by name, those deployed on request by key.
     by_key = {**result["status"]["models"],
               **{key: result["status"]["models"][name] for name, key in result["status"]["state"]["models"].items()}}
-    for key in keys:
+    for key in keys - unbuildable:
         assert by_key[key]["level"] == "HOT", (key, result["status"]["models"])
 
 
