@@ -45,8 +45,10 @@ def wire_run(tmp_path_factory):
 
 @pytest.mark.parametrize("trace", wire.TRACES)
 @pytest.mark.parametrize("model", MODELS)
-def test_patched_client_runs_on_the_released_server(wire_run, model, trace):
-    record = wire_run[1]["main", "patched", model, trace]
+@pytest.mark.parametrize("server", SERVERS)
+def test_patched_client_runs_on_every_server(wire_run, server, model, trace):
+    """The released server ("main") is the one that matters: the public NDIF runs it."""
+    record = wire_run[1][server, "patched", model, trace]
     assert record["ok"] and record["max_abs_diff"] == 0.0, record
 
 
@@ -56,13 +58,6 @@ def test_loading_a_patched_request_again_and_again_leaves_live_envoy_classes_con
     record = wire_run[1][(server, "patched", *wire.RELOADED)]
     before, after = record["live_envoy_classes"]
     assert record["reloads"] == wire.RELOADS and after == before, record
-
-
-@pytest.mark.parametrize("trace", wire.TRACES)
-@pytest.mark.parametrize("model", MODELS)
-def test_patched_client_runs_on_the_patched_server(wire_run, model, trace):
-    record = wire_run[1]["patched", "patched", model, trace]
-    assert record["ok"] and record["max_abs_diff"] == 0.0, record
 
 
 @pytest.mark.parametrize("server", SERVERS)
