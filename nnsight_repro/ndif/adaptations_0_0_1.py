@@ -30,6 +30,9 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A11] ``ndif deploy`` asks the Hub for a model key (not code: the controller's own ``NDIF_DEPLOYMENTS``
   deploys GPT-2 at start under an explicit key, and every other key deploys on its first request).
 - [A12] ``/status`` never wedged by a trigger sent before the queue dispatcher listens (dispatcher).
+- [A13] a flavour's packages (``--with multimolecule``) imported by the controller and the model actor before
+  they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`; not by the
+  other server processes, which build none).
 - Not code either: redis-py 7.1 (8.x's 5 s socket timeout breaks the dispatcher's blocking reads),
   the undeclared imports (Prometheus/Loki/Influx clients, psutil, accelerate) in
   ``pins/ndif-server-0.7.txt``; moto as the S3 store (0.0.1 sends every result through it); ndif's
@@ -239,6 +242,9 @@ def _define_cpu_model_actor():
         # [A9] The stock load calls torch.cuda.synchronize() before and after loading ("Torch not
         # compiled with CUDA enabled"). Same load through the same nnsight call, without those.
         def load_from_disk(self):
+            from nnsight_repro.ndif import server_packages
+
+            server_packages.import_for_models()  # [A13]
             started = time.time()
             model = load_with_cache_deletion_retry(lambda: RemoteableMixin.from_model_key(
                 self.model_key, device_map="auto", dispatch=self.dispatch, torch_dtype=self.dtype,
@@ -322,6 +328,10 @@ def app(**kwargs) -> None:
         def __init__(self, *args, **kwargs):
             from src.ray.deployments.controller.cluster import deployment
 
+            from nnsight_repro.ndif import server_packages
+
+            # [A13] Its evaluator builds every model it deploys on the meta device from the key, to size it.
+            server_packages.import_for_models()
             deployment.ModelActor = cpu_model_actor()
             super().__init__(*args, **kwargs)
 
