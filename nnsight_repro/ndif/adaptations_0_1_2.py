@@ -35,7 +35,7 @@ from ndif.services.ray.deployments.modeling.base import BaseModelDeployment
 from nnsight.modeling.huggingface import HuggingFaceModel
 from nnsight.modeling.mixins.remotable import Remotable
 
-from . import server_packages
+from . import built_log, server_packages
 
 logger = logging.getLogger("nnsight_repro.ndif")
 
@@ -60,6 +60,7 @@ class CPUModelActor(BaseModelDeployment):
             self.model_key, dispatch=True, dtype=self.dtype_name, device="cpu", **self.kwargs)
         model._module.requires_grad_(False)
         logger.info(f"Loaded {self.model_key} on the CPU in {time.time() - started:.1f} s")
+        built_log.record(self.model_key, model)
         return model
 
     def cleanup(self) -> None:

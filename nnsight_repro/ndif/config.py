@@ -198,7 +198,7 @@ class StackConfig:
 
     @property
     def built_log(self) -> Path:
-        """0.0.1 only: one JSON line per model a model actor built (key, wrapper, class, nnsight)."""
+        """One JSON line per model a model actor built (key, wrapper, class, nnsight; :mod:`built_log`)."""
         return self.logs / "built.jsonl"
 
     # Checks ------------------------------------------------------------------
@@ -284,6 +284,8 @@ class StackConfig:
                 {"GPU": self.gpus, "CPU": 8, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
+            # Where the CPU model actor records what it built (built_log).
+            "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
         }
         if role == "ray":
             env.update(RAY_ENV)

@@ -18,6 +18,11 @@ How, in one place:
   loads it. Both are ours already (``adaptations_0_1_2``, ``adaptations_0_0_1``). Not a ``.pth`` or
   ``sitecustomize`` import: that would cost every server process (Ray's dashboard, its agents, the API's
   workers) multimolecule's ~10 s and ~570 MB import, for nothing.
+- **allowed in a request**: a request for a flavour's model carries that model's config class
+  (``multimolecule.models.rnabert.configuration_rnabert``), and ndif 0.0.1 unpickles a request under an import
+  whitelist ("Module multimolecule.models.rnabert.configuration_rnabert is not whitelisted", measured): its
+  adaptations add the imported packages to that whitelist, with their submodules ([A3], :func:`imported`).
+  ndif 0.1.2 has no such whitelist.
 
 Stdlib only: the host reads :data:`FLAVOURS`, and server processes call :func:`import_for_models` before
 anything else of theirs is imported.
@@ -71,6 +76,11 @@ def environ(names: Iterable[str]) -> Dict[str, str]:
     return {IMPORTS_VARIABLE: ",".join(modules)} if modules else {}
 
 
+def imported() -> List[str]:
+    """Server side: the modules this process's flavours import (from :data:`IMPORTS_VARIABLE`)."""
+    return [module for module in os.environ.get(IMPORTS_VARIABLE, "").split(",") if module]
+
+
 _imported: Dict[str, float] = {}
 
 
@@ -80,7 +90,7 @@ def import_for_models() -> Dict[str, float]:
     A module that does not import raises: a flavour's server that cannot build its models must not
     start as if it could (the controller's or actor's death names the error in Ray's logs).
     """
-    for module in filter(None, os.environ.get(IMPORTS_VARIABLE, "").split(",")):
+    for module in imported():
         if module not in _imported:
             started = time.monotonic()
             importlib.import_module(module)

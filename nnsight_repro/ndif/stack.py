@@ -679,7 +679,7 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
 
 
 def built_models(cfg: configuration.StackConfig) -> List[dict]:
-    """0.0.1: what the model actors built, one record per model load, oldest first (``logs/built.jsonl``)."""
+    """What the model actors built, one record per model load, oldest first (``logs/built.jsonl``, :mod:`built_log`)."""
     try:
         text = cfg.built_log.read_text()
     except OSError:
