@@ -44,9 +44,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from . import zoo
+    from .zoo import scan
 
-    return zoo.main(args)
+    return scan.main(args)
 
 
 def cmd_envs(args) -> int:

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from . import lines
+from .. import lines
 
 SCHEMA = "nnsight-repro/zoo/1"
-RELEASE, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
+MAIN, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
 #: In the order a reader wants the reason: the serializer's error names the bug, the class count only counts it.
 NNSIGHT_CHECKS = ("serializer_round_trip", "synthesized_classes")
 
@@ -92,8 +92,8 @@ def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> 
     built = any(e["built"] for e in per_env.values())
     outcome["buildable"] = built
     ok = {name: e["ok"] for name, e in per_env.items()}
-    outcome["fixed_by_series"] = colliding and ok.get(RELEASE) is False and ok.get(PATCHED) is True
-    outcome["fixed_by_0_8_1"] = colliding and ok.get(RELEASE) is False and ok.get(UPSTREAM) is True
+    outcome["fixed_by_series"] = colliding and ok.get(MAIN) is False and ok.get(PATCHED) is True
+    outcome["fixed_by_0_8_1"] = colliding and ok.get(MAIN) is False and ok.get(UPSTREAM) is True
     outcome["failing_in"] = sorted(name for name, e in per_env.items() if built and not e["ok"])
     return outcome
 
@@ -149,7 +149,7 @@ def explain_patched_failures(archs: List[dict], scans: Dict[str, dict]) -> List[
                 names = sorted({p.rsplit(".", 1)[-1] for p in clobbered})
                 causes.append(f"{unit_id}: submodules named {', '.join(names)} ({len(clobbered)}, e.g. "
                               f"`{clobbered[0]}`) overwrite the envoy's own per-instance attribute of that name, "
-                              f"so the loaded tree differs (shown alone by `python -m nnsight_repro.zoo_probes`); "
+                              f"so the loaded tree differs (shown alone by `python -m nnsight_repro.zoo.minimal_trees`); "
                               f"the series relocates only names the Envoy class serves, and 0.8.1 " + ("fails the same way" if UPSTREAM in a["failing_in"]
                                                        else "passes"))
             synthesized = record.get("synthesized_classes", {})
@@ -184,7 +184,7 @@ def counts(archs: List[dict], units: List[dict], scans: Dict[str, dict]) -> dict
         "colliding": len(colliding),
         "colliding_by_source": {src: sum(a["source"] == src for a in colliding)
                                 for src in sorted({a["source"] for a in archs})},
-        "colliding_failing_on_main": sum(RELEASE in a["failing_in"] for a in colliding),
+        "colliding_failing_on_main": sum(MAIN in a["failing_in"] for a in colliding),
         "fixed_by_series": sum(a["fixed_by_series"] for a in colliding),
         "fixed_by_0_8_1": sum(a["fixed_by_0_8_1"] for a in colliding),
         "failing_on_patched_colliding": len(failing_patched),
@@ -252,7 +252,7 @@ def markdown(rep: dict) -> str:
             f"{e}: nnsight {v.get('nnsight')}, transformers {v.get('transformers')}, "
             f"multimolecule {v.get('multimolecule')}" for e, v in rep["environments"].items()) + ".",
         "",
-        "Definitions (colliding, fails, fixed) are in `nnsight_repro/zoo_report.py`; the records in `zoo.json`.",
+        "Definitions (colliding, fails, fixed) are in `nnsight_repro/zoo/report.py`; the records in `zoo.json`.",
         "",
         "| count | |",
         "|---|---|",
