@@ -20,6 +20,7 @@ Modules, one concept each:
 - ``socket_race``: the one client-side transport fault a remote trace is sent again for, and the retry;
 - ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;
 - ``probe``: a stdlib HTTP GET run inside the namespace (the host cannot reach its loopback);
+- ``feasibility``: the probes of ``scripts/ndif_feasibility/probe_ndif.py``: declarations, runner, client;
 - ``ray_clients``: Ray clients connecting to the stack's Ray as ndif's API does, run inside the namespace;
 - ``cli``: ``nnsight-repro ndif up|down|status [--line 0.7]`` and ``negative-control``.
 

@@ -543,6 +543,26 @@ def healthy(cfg: Optional[configuration.StackConfig] = None) -> bool:
     return report["running"] and not report["problems"]
 
 
+def ensure_up(cfg: configuration.StackConfig, say: Callable[[str], None] = _say) -> bool:
+    """The stack of ``cfg`` running as configured, for callers that may share one: a healthy stack of the
+    same server flavour is used as it is; anything else in its namespace (unhealthy, or the other
+    flavour: one stack per generation runs per cache) is stopped, saying why, and replaced.
+
+    True when this call brought the stack up (the caller brings it down); False when it was running
+    already, and then it is left running.
+    """
+    running = read_state(cfg) or {}
+    is_healthy = healthy(cfg)
+    if is_healthy and running.get("server", "stock") == cfg.server:
+        return False
+    if netns.exists(cfg.netns):
+        why = "unhealthy" if not is_healthy else f"running {running.get('server', 'stock')} nnsight, not {cfg.server}"
+        say(f"the local {cfg.line} stack is {why}; replacing it")
+        down(cfg, say=say)
+    up(cfg, say=say)
+    return True
+
+
 # Running code against the stack --------------------------------------------------------------------------
 
 def client_command(cfg: configuration.StackConfig, env: envs.Env, args: List[str]) -> List[str]:

@@ -1,8 +1,8 @@
-"""The client half of ``probe_ndif.py``: runs validated probes with this interpreter's nnsight.
+"""The client half of the probe runner (:mod:`.runner`): runs validated probes with this interpreter's nnsight.
 
 Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
 with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
-validated by the runner) as JSON on stdin and sends one record per event through the result channel
+validated by :mod:`.declarations`) as JSON on stdin and sends one record per event through the result channel
 (:mod:`nnsight_repro.channel`; nnsight's own status display keeps stdout and stderr):
 
     {"event": "start", "probe": id}
