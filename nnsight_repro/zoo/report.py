@@ -21,15 +21,15 @@ summarizes every class of it. Words used in the counts:
 from __future__ import annotations
 
 import json
-import platform
-import socket
 import time
 from pathlib import Path
 from typing import Dict, List
 
-from .. import lines
+from .. import lines, provenance
 
-SCHEMA = "nnsight-repro/zoo/1"
+SCHEMA = "nnsight-repro/zoo/2"
+#: The packages of an environment block that ``provenance.versions`` lists.
+VERSIONED = ("python", "nnsight", "torch", "transformers", "multimolecule")
 MAIN, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
 #: In the order a reader wants the reason: the serializer's error names the bug, the class count only counts it.
 NNSIGHT_CHECKS = ("serializer_round_trip", "synthesized_classes")
@@ -209,12 +209,10 @@ def report(scanned: dict, command: str) -> dict:
     envoy_attributes = {env: scan["environment"].get("envoy_attributes", {}) for env, scan in scans.items()}
     return {
         "schema": SCHEMA,
-        "provenance": {
-            "command": command, "subset": scanned["subset"], "host": socket.gethostname(),
-            "machine": f"{platform.system()} {platform.machine()}",
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(scanned["started"])),
-            "duration_seconds": scanned["seconds"],
-        },
+        "provenance": provenance.record(
+            command, versions={env: {k: v[k] for k in VERSIONED if k in v} for env, v in environments.items()},
+            details={"subset": scanned["subset"], "scan_started": provenance.date(scanned["started"]),
+                     "duration_seconds": scanned["seconds"]}),
         "environments": environments,
         "envoy_attributes": envoy_attributes,
         "counts": counts(archs, units, scans),
@@ -243,12 +241,16 @@ def cell(env: dict, built: bool) -> str:
 
 def markdown(rep: dict) -> str:
     c, p = rep["counts"], rep["provenance"]
+    # A re-rendered report's scan is described by the provenance of the run that scanned.
+    scan = p["details"].get("records_from", p)
+    d = scan.get("details", scan)
     envs = list(rep["environments"])
     out = [
         "# Zoo audit: which architectures collide with nnsight's Envoy attributes, per environment",
         "",
-        f"Written by `{p['command']}` on {p['host']} at {p['date']} in {p['duration_seconds']:.0f} s "
-        f"(subset `{p['subset']}`). Versions: " + "; ".join(
+        f"Written by `{p['command']}` on {p['host']} at {p['date']}"
+        + (f" from the records of `{scan['command']}` ({scan['date']})" if scan is not p else "")
+        + f", a scan of {d['duration_seconds']:.0f} s (subset `{d['subset']}`). Versions: " + "; ".join(
             f"{e}: nnsight {v.get('nnsight')}, transformers {v.get('transformers')}, "
             f"multimolecule {v.get('multimolecule')}" for e, v in rep["environments"].items()) + ".",
         "",
@@ -342,13 +344,15 @@ def rerender(path: Path, command: str) -> dict:
     records the original run wrote, and ``rendered_by`` says so.
     """
     old = json.loads(path.read_text())
+    scanned_by = old["provenance"].get("details", {}).get("records_from", old["provenance"])
+    # Files written before nnsight_repro.provenance kept the scan's fields at the top level.
+    scan = scanned_by.get("details", scanned_by)
     scans = {env: {"environment": {**old["environments"][env], "envoy_attributes": old["envoy_attributes"][env]},
                    "records": {r["id"]: r for r in old["records"][env]}, "restarts": old["counts"]["worker_restarts"][env]}
              for env in old["environments"]}
-    scanned = {"subset": old["provenance"]["subset"], "units": old["units"], "scans": scans, "started": time.time(),
-               "seconds": old["provenance"]["duration_seconds"],
+    scanned = {"subset": scan["subset"], "units": old["units"], "scans": scans, "started": time.time(),
+               "seconds": scan["duration_seconds"],
                "config_types_without_model_class": old["config_types_without_model_class"]}
-    rep = report(scanned, command=old["provenance"]["command"])
-    rep["provenance"] = {**old["provenance"], "rendered_by": command,
-                         "rendered": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    rep = report(scanned, command=command)
+    rep["provenance"]["details"] = {"records_from": scanned_by}
     return rep

@@ -33,11 +33,8 @@ This runner knows nothing about any single probe: what a probe does is its ``kin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
-import socket
 import sys
 import time
 import urllib.error
@@ -45,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from nnsight_repro import ROOT, channel, envs
+from nnsight_repro import ROOT, channel, envs, provenance
 from .declarations import (CLIENT_LINES, ProbeFileError, describe, headline, load_probes, matches, parse_lines,
                            server_generation)
 
@@ -216,11 +213,12 @@ def table(rows: List[dict]) -> str:
 
 
 def markdown(record: dict) -> str:
-    ctx = record["context"]
+    ctx, made = record["context"], record["provenance"]
+    server = made["server"]
     out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
-           f"- date: {ctx['date']}", f"- command: `{ctx['command']}`",
-           f"- host: {ctx['host']} ({ctx['host_kind']}; server generation: {ctx['server_generation']})",
-           f"- local server: {json.dumps(ctx.get('local_server'))}",
+           f"- made by `{made['command']}` on {made['host']} at {made['date']}",
+           f"- server: {server['url']} ({server['kind']}; {server['generation']})",
+           f"- local server: {json.dumps(server.get('local'))}",
            f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
            f"- all matched: **{record['all_matched']}**", "",
            "| probe | isolates | expected | observed | match | s |", "|---|---|---|---|---|---|"]
@@ -244,16 +242,15 @@ def main(argv=None) -> int:
     def say(message: str) -> None:
         print(f"[probe_ndif] {message}", flush=True)
 
-    command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    command = provenance.command_line()
 
     def refuse(message: str, code: int) -> int:
         # Refused before any request, and recorded like a run: the refusal is the outcome.
         print(f"probe_ndif: error: {message}", file=sys.stderr)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        write_atomically(args.out / f"refused-{stamp}.json", json.dumps(
-            {"refused": message, "exit_code": code, "probe_file": str(args.probes), "lines": args.line,
-             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "command": command}, indent=1) + "\n")
+        write_atomically(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
+            {"refused": message, "exit_code": code,
+             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line})},
+            indent=1) + "\n")
         return code
 
     try:
@@ -293,17 +290,19 @@ def main(argv=None) -> int:
             record = {
                 "client_line": client_line, "all_matched": all_matched, "probes": rows,
                 "seconds": round(time.perf_counter() - started, 3),
-                "context": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            "command": command, "host": host.url, "host_kind": host.kind,
-                            "api_key_given": bool(host.api_key), "machine": socket.gethostname(),
-                            "pairing": CLIENT_LINES[client_line].shows,
-                            "server_generation": server_generation(client_line) if not given else "as the host reports",
+                "context": {"pairing": CLIENT_LINES[client_line].shows, **context},
+                "provenance": provenance.record(
+                    command,
+                    versions={"client": context.get("client") or {},
+                              "server": (context.get("server_env") or {}).get("packages")
+                              or (local_server(host) or {}).get("nnsight") or {}},
+                    server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
+                            "generation": server_generation(client_line) if not given else "as the host reports",
                             # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
-                            "local_server": local_server(host),
-                            "probe_file": str(args.probes), **context},
+                            "local": local_server(host)},
+                    details={"probe_file": str(args.probes)}),
             }
-            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            target = args.out / f"{client_line}-{stamp}.json"
+            target = args.out / f"{client_line}-{provenance.stamp()}.json"
             write_atomically(target, json.dumps(record, indent=1, default=str) + "\n")
             write_atomically(target.with_suffix(".md"), markdown(record))
             print(table(rows), flush=True)
