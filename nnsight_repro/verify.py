@@ -142,9 +142,9 @@ def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[L
     return record_in(envs.ensure(env_name, build=False), models, checks)
 
 
-def records_keeping_going(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:
-    """Like :func:`records`, but an environment whose routine fails is recorded as failing every check,
-    so the report of the others is still written; returns (records, {env: why it failed})."""
+def records(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:
+    """The check routine's records from each environment; one whose routine fails is recorded as failing
+    every check, so the report of the others is still written. Returns (records, {env: why it failed})."""
     recs: Dict[str, dict] = {}
     failed: Dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -305,7 +305,7 @@ def main(args) -> int:
             preflight(s.series)
     envs.ensure_all([*names, "tools"])
     started = time.monotonic()
-    recs, failed = records_keeping_going(names, models, checks)
+    recs, failed = records(names, models, checks)
     applied = next((s.series for s in specs if getattr(s, "series", None)), envs.spec("patched").series)
     details = {
         "nnsight_source": {s.name: f"nnsight-{s.nnsight}.tar.gz (sha256 {s.sdist_sha256})"
