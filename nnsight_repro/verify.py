@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import envs, provenance, series
+from . import envs, fsutil, provenance, series
 from .paths import cache_dir
 
 SCHEMA = "nnsight-repro/verify/3"
@@ -268,9 +268,7 @@ def write(report: dict, out_dir: Path, stem: str) -> Path:
     target = out_dir / f"{stem}.json"
     for path, text in [(target, json.dumps(report, indent=1, sort_keys=False)),
                        (out_dir / f"{stem}.md", _md_with_provenance(report))]:
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(text)
-        os.replace(staging, path)
+        fsutil.write_text(path, text)
     plots.draw_beside(target)
     return target
 

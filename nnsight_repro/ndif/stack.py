@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, channel, envs
+from .. import ROOT, channel, envs, fsutil
 from .. import models as panel
 from . import config as configuration
 from . import deploy, netns, server_env
@@ -72,9 +72,7 @@ def read_state(cfg: configuration.StackConfig) -> Optional[dict]:
 
 
 def _write_state(cfg: configuration.StackConfig, state: dict) -> None:
-    staging = cfg.state_file.with_suffix(".tmp")
-    staging.write_text(json.dumps(state, indent=1))
-    os.replace(staging, cfg.state_file)
+    fsutil.write_text(cfg.state_file, json.dumps(state, indent=1))
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from nnsight_repro import ROOT, channel, envs, provenance
+from nnsight_repro import ROOT, channel, envs, fsutil, provenance
 from .declarations import (CLIENT_LINES, ProbeFileError, describe, headline, load_probes, matches, parse_lines,
                            server_generation)
 
@@ -195,13 +195,6 @@ def unreachable(probes: List[dict], why: str) -> Dict[str, dict]:
                       "statuses": []} for p in probes}
 
 
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    staging.write_text(text)
-    os.replace(staging, path)
-
-
 def table(rows: List[dict]) -> str:
     headers = ["probe", "expected", "observed", "match", "s"]
     body = [[r["id"], describe(r["expected"]), headline(r["observed"], 90),
@@ -247,7 +240,7 @@ def main(argv=None) -> int:
     def refuse(message: str, code: int) -> int:
         # Refused before any request, and recorded like a run: the refusal is the outcome.
         print(f"probe_ndif: error: {message}", file=sys.stderr)
-        write_atomically(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
+        fsutil.write_text(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
             {"refused": message, "exit_code": code,
              "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line})},
             indent=1) + "\n")
@@ -303,8 +296,8 @@ def main(argv=None) -> int:
                     details={"probe_file": str(args.probes)}),
             }
             target = args.out / f"{client_line}-{provenance.stamp()}.json"
-            write_atomically(target, json.dumps(record, indent=1, default=str) + "\n")
-            write_atomically(target.with_suffix(".md"), markdown(record))
+            fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
+            fsutil.write_text(target.with_suffix(".md"), markdown(record))
             print(table(rows), flush=True)
             say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
             if not all_matched:
