@@ -108,7 +108,7 @@ def download(filename: str, sha256: str, pip_args: List[str]) -> Path:
     path = folder / filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        with _file_lock(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
+        with fsutil.locked(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
             if path.is_file():  # another build fetched it while this one waited
                 return download(filename, sha256, pip_args)
             log(f"downloading {filename} (pip download)")
