@@ -42,7 +42,7 @@ from typing import List, Optional
 
 import modal
 
-from nnsight_repro import ROOT, envs, series, verify
+from nnsight_repro import ROOT, envs, provenance, series, verify
 
 # The image is defined by these constants alone: the module is imported again inside the container, where
 # none of the local files they are checked against exists.
@@ -151,7 +151,7 @@ def check_main_and_patched(models: str = "", checks: str = "", envs_root: str = 
         "records": records,
         "source_heads": heads,
         "check_routine_digest": verify.check_routine_digest(),
-        "machine": verify.machine(),
+        "machine": provenance.machine(),
         "ran_on_modal": not modal.is_local(),
     }
 
@@ -176,7 +176,7 @@ def write_report(result: dict, out: Path, *, gpu: str = "", argv: Optional[List[
     report = verify.report(result["records"], argv=argv or [Path(sys.argv[0]).name, *sys.argv[1:]],
                            runner=runner, series_name=SERIES, routine_digest=result["check_routine_digest"],
                            where=result["machine"], details=details)
-    stem = f"{runner}-{gpu.lower().replace(':', 'x') if gpu else 'cpu'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = f"{runner}-{gpu.lower().replace(':', 'x') if gpu else 'cpu'}-{provenance.stamp()}"
     return verify.write(report, Path(out), stem)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nnsight_repro import envs  # noqa: E402
+from nnsight_repro import envs, provenance  # noqa: E402
 from nnsight_repro.ndif import config, deploy, negative_control, netns, server_env, stack  # noqa: E402
 
 
@@ -114,16 +113,16 @@ def main(argv=None) -> int:
     stack.minted_keys(cfg, models)
     environments_s = time.monotonic() - started
 
-    record = {"command": " ".join(["python3", "benchmarks/bench_ndif.py", *(argv or sys.argv[1:])]),
-              "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+    record = {"provenance": provenance.record(
+                  " ".join(["python3", "benchmarks/bench_ndif.py", *(argv or sys.argv[1:])]),
+                  # As each interpreter reports them (the 0.7 server's nnsight also as `up` found it imported).
+                  versions={"client": envs.reported_versions(envs.ensure(client, build=False)),
+                            "server": envs.reported_versions(server_env.ensure(build=False, line=line))},
+                  server={"kind": "local NDIF stack", "line": line, "ndif": cfg.generation.ndif,
+                          "nnsight_flavour": args.server if line == "0.7" else "stock"}),
               "load_average_before": os.getloadavg(), "line": line, "models": models,
-              # As each interpreter reports them (the 0.7 server's nnsight also as `up` found it imported).
-              "versions": {"client": envs.reported_versions(envs.ensure(client, build=False)),
-                           "server": envs.reported_versions(server_env.ensure(build=False, line=line))},
               "environments_ready_s": round(environments_s, 2), "cold_start_bar_s": COLD_START_BAR_S,
               "rounds": []}
-    if line == "0.7":
-        record["versions"]["server"]["nnsight_flavour"] = args.server
     failure = None
     for round_ in range(1, args.rounds + 1):
         try:
@@ -142,7 +141,7 @@ def main(argv=None) -> int:
             stack.down(cfg, say=lambda m: None)
     record["load_average_after"] = os.getloadavg()
     if line == "0.7" and record["rounds"] and "server_nnsight" in record["rounds"][0]:
-        record["versions"]["server"]["nnsight_imported"] = record["rounds"][0]["server_nnsight"]
+        record["provenance"]["versions"]["server"]["nnsight_imported"] = record["rounds"][0]["server_nnsight"]
     done = [r for r in record["rounds"] if "first_trace_s" in r]
     if done:
         keys = ["services_s", "first_trace_s", "first_request_s"] + (["models_hot_s"] if models else [])

@@ -36,12 +36,10 @@ inside its environment, by this same file with ``--measure``)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import shlex
-import socket
 import statistics
 import sys
 import tempfile
@@ -582,28 +580,19 @@ def print_table(layers: int, repeats: int, rounds: int, names: List[str], result
 
 def driver(args) -> int:
     sys.path.insert(0, str(ROOT))
-    from nnsight_repro import envs
+    from nnsight_repro import envs, provenance
 
     layer_counts = [int(x) for x in args.layers.split(",") if x.strip()]
     names = [n for n in args.envs.split(",") if n.strip()]
-    provenance = {
-        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
-        "cwd": os.getcwd(),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": os.getloadavg(),
-        "envs": {},
-    }
+
+    versions: Dict[str, dict] = {}
+    load_start = os.getloadavg()
     loaded = {}
     for name in names:
         env = envs.ensure(name, build=not args.no_build)
         loaded[name] = env
         stamp = env.stamp or {}
-        provenance["envs"][name] = {
+        versions[name] = {
             "path": str(env.path),
             "stamp_digest": stamp.get("digest"),
             "built": stamp.get("built"),
@@ -634,7 +623,7 @@ def driver(args) -> int:
                 rounds[name].append(record)
                 failed |= "failed" in record
                 if record.get("versions"):
-                    provenance["envs"][name]["measured"] = record["versions"]
+                    versions[name]["measured"] = record["versions"]
         per_env = {name: merge_rounds(rounds[name]) for name in names}
         results[str(layers)] = per_env
         ratios[str(layers)] = ratios_for(layers, per_env)
@@ -642,13 +631,14 @@ def driver(args) -> int:
         if args.explain:
             print_anatomy(names, per_env)
         sys.stdout.flush()
-    provenance["loadavg_end"] = os.getloadavg()
     scratch.cleanup()
 
     if args.json:
         document = {
             "benchmark": "overloaded_mount",
-            "provenance": provenance,
+            "provenance": provenance.record(shlex.join(["python3", *sys.argv]), versions=versions,
+                                            details={"load_average_start": load_start,
+                                                     "load_average_end": os.getloadavg()}),
             "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "rounds": args.rounds,
                          "reloads": args.reloads,
                          "torch_threads": 1,

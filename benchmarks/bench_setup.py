@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nnsight_repro import envs, paths  # noqa: E402
+from nnsight_repro import envs, paths, provenance  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS, TOOL_ENVS  # noqa: E402
 
 SERVERS = ["ndif-server", "ndif-server-0.7"]
@@ -117,8 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     base = Path(args.base)
-    record = {"command": " ".join(["python3", "benchmarks/bench_setup.py", *(argv or sys.argv[1:])]),
-              "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+    record = {"provenance": provenance.record(" ".join(["python3", "benchmarks/bench_setup.py", *(argv or sys.argv[1:])])),
               "environments": [*TEST_ENVS, *TOOL_ENVS, *SERVERS], "results": {}}
     caches = []
     for what in [w for w in args.only.split(",") if w]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nnsight_repro import envs, models  # noqa: E402
+from nnsight_repro import envs, models, provenance  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS  # noqa: E402
 
 SELECTIONS = {"panel": ["--models", "panel"], "all": []}
@@ -77,9 +76,9 @@ def main(argv=None) -> int:
     print(f"warm verify (every model): median {median['all']:.1f} s against a budget of {args.budget:.0f} s: "
           f"{'within' if within else 'OVER'}")
     if args.json:
-        record = {"command": " ".join(["python3", "benchmarks/bench_verify.py", *(argv or sys.argv[1:])]),
-                  "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-                  "environments": runs["all"][-1]["environments"],
+        record = {"provenance": provenance.record(
+                      " ".join(["python3", "benchmarks/bench_verify.py", *(argv or sys.argv[1:])]),
+                      versions=runs["all"][-1]["environments"]),
                   "load_average": load, "runs": runs, "summary": summary}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")

@@ -22,7 +22,6 @@ Stdlib only: this runs before anything is installed.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -37,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from . import ROOT, channel, series, uvtool
+from . import ROOT, channel, fsutil, series, uvtool
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
@@ -109,7 +108,7 @@ def download(filename: str, sha256: str, pip_args: List[str]) -> Path:
     path = folder / filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        with _file_lock(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
+        with fsutil.locked(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
             if path.is_file():  # another build fetched it while this one waited
                 return download(filename, sha256, pip_args)
             log(f"downloading {filename} (pip download)")
@@ -222,20 +221,9 @@ def env_dir(name: str) -> Path:
     return cache_dir() / "envs" / name
 
 
-@contextlib.contextmanager
-def _file_lock(lock_path: Path):
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _locked(name: str):
     """One builder per environment at a time, across processes."""
-    return _file_lock(cache_dir() / "envs" / f".{name}.lock")
+    return fsutil.locked(cache_dir() / "envs" / f".{name}.lock")
 
 
 def _building(name: str) -> bool:
@@ -344,9 +332,7 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
     """Written last and renamed into place: its presence means the build finished."""
     stamp = {"name": name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "packages": freeze}
-    staging = path / "env.json.tmp"
-    staging.write_text(json.dumps(stamp, indent=1))
-    os.replace(staging, path / "env.json")
+    fsutil.write_text(path / "env.json", json.dumps(stamp, indent=1))
 
 
 # The build ------------------------------------------------------------------

@@ -238,17 +238,6 @@ def token_ids(tokenizer, text: str):
     return tokenizer(text, return_tensors="pt")["input_ids"]
 
 
-def substituted_sentence() -> str:
-    words = SENTENCE.split()
-    position, word = SUBSTITUTION
-    words[position] = word
-    return " ".join(words)
-
-
-def sentences() -> List[str]:
-    return [SENTENCE, substituted_sentence()]
-
-
 def texts_for(entry: PanelModel) -> List[str]:
     """The entry's reference text and the text with its one unit substituted."""
     if entry.separator:

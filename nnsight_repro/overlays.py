@@ -19,7 +19,6 @@ Stdlib only.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -29,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from . import envs, uvtool
+from . import envs, fsutil, uvtool
 from .paths import cache_dir
 
 
@@ -55,8 +54,7 @@ def ensure(requirement: str, python: Path) -> Path:
     if stamp and stamp.get("requirement") == requirement:
         return target / "site"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with fsutil.locked(target.parent / f".{target.name}.lock"):
         stamp = _stamp(target)
         if stamp and stamp.get("requirement") == requirement:
             return target / "site"

@@ -21,8 +21,6 @@ What this module does not do: decide what goes into an environment
 from __future__ import annotations
 
 import configparser
-import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -32,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from . import fsutil
 from .paths import cache_dir
 
 VERSION = "0.13.8"
@@ -53,17 +52,6 @@ def cache() -> Path:
     return cache_dir() / "uv-cache"
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def binary() -> Path:
     """The uv binary: ``NNSIGHT_REPRO_UV``, else the pinned release, installed into the cache on first use."""
     configured = os.environ.get("NNSIGHT_REPRO_UV")
@@ -76,7 +64,7 @@ def binary() -> Path:
     uv = home / "bin" / "uv"
     if uv.is_file():
         return uv
-    with _locked(home.parent / f".{VERSION}.lock"):
+    with fsutil.locked(home.parent / f".{VERSION}.lock"):
         if uv.is_file():
             return uv
         _install(home)

@@ -10,8 +10,8 @@ plots are drawn in the ``tools`` environment (:mod:`nnsight_repro.plots`).
 
 The report (``SCHEMA``), in this key order:
 
-- ``provenance``: command, date, host, runner (``local`` or ``modal``), machine,
-  and ``details`` the runner adds (how nnsight was built, the GPU asked for);
+- ``provenance``: :mod:`nnsight_repro.provenance`'s record; ``versions`` per environment, and
+  ``details`` the runner adds (how nnsight was built, the GPU asked for);
 - ``inputs``: the series' base (repo, tag, commit), the series (name, digest,
   patches) and the check routine's digest;
 - ``environments``: each record's environment block (versions, whether
@@ -28,10 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
-import socket
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -40,10 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import envs, series
+from . import envs, fsutil, provenance, series
 from .paths import cache_dir
 
-SCHEMA = "nnsight-repro/verify/2"
+SCHEMA = "nnsight-repro/verify/3"
+#: The packages of an environment block that ``provenance.versions`` lists.
+VERSIONED = ("python", "nnsight", "torch", "transformers", "tokenizers")
 
 #: The files whose behaviour the check routine is; their digest is recorded with every report.
 CHECK_ROUTINE_FILES = ("checks.py", "rebuild_key.py", "models.py", "panel_rna.py", "lines.py")
@@ -143,9 +142,9 @@ def record(env_name: str, models: Optional[List[str]] = None, checks: Optional[L
     return record_in(envs.ensure(env_name, build=False), models, checks)
 
 
-def records_keeping_going(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:
-    """Like :func:`records`, but an environment whose routine fails is recorded as failing every check,
-    so the report of the others is still written; returns (records, {env: why it failed})."""
+def records(env_names: List[str], models: List[str], checks: List[str]) -> Tuple[Dict[str, dict], Dict[str, str]]:
+    """The check routine's records from each environment; one whose routine fails is recorded as failing
+    every check, so the report of the others is still written. Returns (records, {env: why it failed})."""
     recs: Dict[str, dict] = {}
     failed: Dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -224,37 +223,6 @@ def inputs(series_name: str, routine_digest: Optional[str] = None) -> dict:
     }
 
 
-def machine() -> dict:
-    """Where the checks ran; called inside a Modal container too, so GPUs are looked up, not assumed."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpus: List[str] = []
-    if shutil.which("nvidia-smi"):
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        gpus = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
-    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu": cpu,
-            "cpus": os.cpu_count(), "gpus": gpus}
-
-
-def provenance(argv: List[str], runner: str = "local", where: Optional[dict] = None,
-               details: Optional[dict] = None) -> dict:
-    return {
-        "command": " ".join(argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "runner": runner,
-        "machine": where or machine(),
-        "details": details or {},
-    }
-
-
 def report(recs: Dict[str, dict], *, argv: List[str], runner: str, series_name: str,
            routine_digest: Optional[str] = None, where: Optional[dict] = None,
            details: Optional[dict] = None) -> dict:
@@ -262,7 +230,9 @@ def report(recs: Dict[str, dict], *, argv: List[str], runner: str, series_name: 
     compared = compare(recs)
     return {
         "schema": compared["schema"],
-        "provenance": provenance(argv, runner, where, details),
+        "provenance": provenance.record(" ".join(argv), runner=runner, where=where, details=details,
+                                        versions={name: {k: env[k] for k in VERSIONED if k in env}
+                                                  for name, env in compared["environments"].items()}),
         "inputs": inputs(series_name, routine_digest),
         **{k: v for k, v in compared.items() if k != "schema"},
     }
@@ -298,9 +268,7 @@ def write(report: dict, out_dir: Path, stem: str) -> Path:
     target = out_dir / f"{stem}.json"
     for path, text in [(target, json.dumps(report, indent=1, sort_keys=False)),
                        (out_dir / f"{stem}.md", _md_with_provenance(report))]:
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(text)
-        os.replace(staging, path)
+        fsutil.write_text(path, text)
     plots.draw_beside(target)
     return target
 
@@ -335,7 +303,7 @@ def main(args) -> int:
             preflight(s.series)
     envs.ensure_all([*names, "tools"])
     started = time.monotonic()
-    recs, failed = records_keeping_going(names, models, checks)
+    recs, failed = records(names, models, checks)
     applied = next((s.series for s in specs if getattr(s, "series", None)), envs.spec("patched").series)
     details = {
         "nnsight_source": {s.name: f"nnsight-{s.nnsight}.tar.gz (sha256 {s.sdist_sha256})"
@@ -345,7 +313,7 @@ def main(args) -> int:
     }
     rep = report(recs, argv=["python3 -m nnsight_repro", *sys.argv[1:]], runner="local",
                  series_name=applied, details=details)
-    stem = "local-" + time.strftime("%Y%m%d-%H%M%S")
+    stem = "local-" + provenance.stamp()
     path = write(rep, Path(args.out), stem)
     print(markdown(rep))
     print(f"wrote {path}, {path.with_suffix('.md')} and {len(plots_of(path))} plots beside them")

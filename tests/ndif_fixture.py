@@ -63,11 +63,12 @@ def ndif_stack():
     from nnsight_repro.ndif import config, stack
 
     cfg = config.default()
-    if stack.healthy(cfg):
-        yield NdifStack(cfg, stack.read_state(cfg), owned=False)
-        return
-    with cold_stack(cfg) as running:
-        yield running
+    owned = stack.ensure_up(cfg)
+    try:
+        yield NdifStack(cfg, stack.read_state(cfg), owned=owned)
+    finally:
+        if owned:
+            stack.down(cfg)
 
 
 def _everything_against_07(server: str, out) -> dict:
@@ -77,14 +78,10 @@ def _everything_against_07(server: str, out) -> dict:
     so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from nnsight_repro import ROOT
     from nnsight_repro.ndif import config, negative_control, netns, stack
+    from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
 
     probe_ndif = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
-    sys.path.insert(0, str(probe_ndif.parent))
-    try:
-        import probe_ndif as runner
-    finally:
-        sys.path.remove(str(probe_ndif.parent))
-    client_lines = [name for name, line in runner.CLIENT_LINES.items() if line.stack == "0.7" and line.server == server]
+    client_lines = [name for name, line in CLIENT_LINES.items() if line.stack == "0.7" and line.server == server]
     with cold_stack(config.default(line="0.7", server=server)) as running:
         result = negative_control.run_pairings(running.cfg)
         result["status"] = running.status()

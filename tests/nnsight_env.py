@@ -23,12 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = "patched"
 VARIABLE = "NNSIGHT_REPRO_TEST_ENV"
 
-# The project itself is importable from any interpreter run at the root (the other plugins import it
-# before any hook runs); inside an environment PYTHONPATH already names it.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
 def pytest_addoption(parser):
     parser.addoption("--nnsight-env", default=None, metavar="NAME",
                      help=f"run the suite in this project environment (main, patched, upstream-0.8); default: "

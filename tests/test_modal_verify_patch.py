@@ -240,7 +240,7 @@ def test_verify_still_writes_the_report_when_one_environment_fails(local_verify,
 
     monkeypatch.setattr(verify, "record", record)
     chosen = list(models.extended())
-    recs, failed = verify.records_keeping_going(["main", "patched"], chosen, checks.CHECKS + checks.EXTRA_CHECKS)
+    recs, failed = verify.records(["main", "patched"], chosen, checks.CHECKS + checks.EXTRA_CHECKS)
     assert list(failed) == ["main"] and "ImportError: boom" in failed["main"]
     assert recs["patched"] == local_verify.report["raw"]["patched"]
     assert all(r == {"ok": False, "error": "EnvironmentFailed", "message": failed["main"].splitlines()[0]}

@@ -85,11 +85,15 @@ def test_results_carry_each_declaration_verbatim_and_the_run_context(probe_run):
     (record,) = records(out, "upstream-0.8-")
     declared = tomllib.loads(PROBES.read_text())["probe"]
     assert [p["declaration"] for p in record["probes"]] == declared
-    context = record["context"]
+    context, made = record["context"], record["provenance"]
     assert context["client"]["nnsight"] == "0.8.1"
     assert context["server_env"]["packages"]["nnsight"] == "0.8.1"
-    for field in ("host", "date", "command", "server_generation"):
-        assert context[field]
+    assert made["versions"]["client"]["nnsight"] == made["versions"]["server"]["nnsight"] == "0.8.1"
+    assert made["command"].startswith("python3 ") and "probe_ndif.py" in made["command"]
+    assert "--line upstream-0.8" in made["command"]
+    for field in ("host", "date"):
+        assert made[field]
+    assert made["server"]["kind"] == "local NDIF stack" and "ndif 0.1.2" in made["server"]["generation"]
     assert (out / (sorted(out.glob("upstream-0.8-*.json"))[0].stem + ".md")).is_file()
 
 
@@ -172,7 +176,7 @@ def test_unreachable_host_is_recorded_for_every_probe(tmp_path):
     for line in ("main", "patched", "patched-client-only", "upstream-0.8"):  # every client line, each recorded
         (record,) = records(tmp_path, f"{line}-2")
         assert {p["observed"]["error"] for p in record["probes"]} == {"HostUnreachable"}, line
-        assert record["context"]["host"] == url
+        assert record["provenance"]["server"]["url"] == url
 
 
 def test_malformed_probe_file_is_refused_before_any_request(tmp_path):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from decorated_cases import DEFINITIONS
 from nnsight_repro import ROOT, envs, overlays
 
 
@@ -92,44 +93,11 @@ def test_the_release_fails_exactly_the_tests_of_the_bug(name, fixed, tmp_path):
 
 # Run as __main__ from a file: every function here goes by value, from its source.
 DUMP = """
-import functools, pickle, sys, warnings
+import pickle, sys, warnings
 warnings.simplefilter("ignore")
-import torch
 from nnsight.intervention import serialization
-
-SCALE = 3
-
-def tag(label):
-    def decorator(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return f"{label}({fn(*args, **kwargs)})"
-        return wrapper
-    return decorator
-
-@tag("A")
-@tag("B")
-def stacked(x):
-    return x
-
-@torch.no_grad()
-def scaled(x):
-    return x * SCALE
-
-def register(fn):
-    return fn
-
-def make_closure(k):
-    @register
-    def add_k(x):
-        return x + k
-    return add_k
-
-def plain(x):
-    return x + SCALE
-
-cases = {"stacked": (stacked, (1,)), "no_grad": (scaled, (torch.tensor(2.0),)),
-         "decorated_closure": (make_closure(5), (1,)), "plain": (plain, (1,))}
+""" + DEFINITIONS + """
+cases = {name: CASES[name] for name in ("stacked", "no_grad", "decorated_closure", "plain")}
 with open(sys.argv[1], "wb") as out:
     # The arguments pickled apart, so a reader without torch can open the file.
     pickle.dump({name: (serialization.dumps(fn), pickle.dumps(args), repr(fn(*args)), fn.__name__)

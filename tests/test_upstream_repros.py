@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from decorated_cases import DEFINITIONS
 from nnsight_repro import ROOT, channel, envs, models, overlays, series
 
 EXTRAS_07 = "nnsight-v0.7.0-extras"
@@ -182,43 +183,11 @@ send(record)
 # eproperty hook is requires_output's functools.wraps wrapper around the stub.
 DECORATED_ROUND_TRIP = """
 from nnsight_repro.channel import send
-import functools, json, sys, warnings
+import json, sys, warnings
 warnings.simplefilter("ignore")
-import torch
 from nnsight.intervention import serialization
-
-SCALE = 3
-
-def tag(label):
-    def decorator(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            return f"{label}({fn(*args, **kwargs)})"
-        return wrapper
-    return decorator
-
-@tag("A")
-@tag("B")
-def stacked(x):
-    return x
-
-wrapped_lambda = tag("L")(lambda x: x * 2)
-
-@torch.no_grad()
-def scaled(x):
-    return x * SCALE
-
-def register(fn):
-    return fn
-
-def make_closure(k):
-    @register
-    def add_k(x):
-        return x + k
-    return add_k
-
-cases = {"stacked": (stacked, (1,)), "wrapped_lambda": (wrapped_lambda, (1,)),
-         "no_grad": (scaled, (torch.tensor(2.0),)), "decorated_closure": (make_closure(5), (1,))}
+""" + DEFINITIONS + """
+cases = {name: CASES[name] for name in ("stacked", "wrapped_lambda", "no_grad", "decorated_closure")}
 record = {}
 for name, (fn, args) in cases.items():
     try:

@@ -1,4 +1,4 @@
-"""The zoo audit on its CI subset (``nnsight_repro.zoo.CI_UNITS``) in main, patched and upstream-0.8.
+"""The zoo audit on its CI subset (``nnsight_repro.zoo.scan.CI_UNITS``) in main, patched and upstream-0.8.
 
 One scan of the twelve CI units in every environment, with a segfault injected
 into one unit's worker, so the same run proves the scan survives a crash. The
@@ -9,7 +9,7 @@ error naming the command, never a skip. The full scan is
 
 import pytest
 
-from nnsight_repro import zoo, zoo_report
+from nnsight_repro.zoo import report as zoo_report, scan as zoo
 
 ENVS = zoo.ENVS
 
@@ -131,7 +131,7 @@ def test_counts_no_colliding_architecture_fails_on_patched_except_by_the_injecte
 
 
 def test_the_two_findings_beyond_output_reproduce_on_minimal_trees(report):
-    """What zoo.md says about Flava, on two-module trees (nnsight_repro/zoo_probes.py), as each worker ran them."""
+    """What zoo.md says about Flava, on two-module trees (nnsight_repro/zoo/minimal_trees.py), as each worker ran them."""
     found = {env: report["environments"][env]["probes"] for env in ENVS}
     # A submodule named ``path`` breaks the round trip on every line: the series does not cover it, nor does 0.8.1.
     for env in ENVS:

@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from .. import ROOT, envs
+from .. import ROOT, envs, provenance
 from . import config, netns, server_env, stack
 
 #: Tolerance of a trace against the local float32 run (see remote_client.BF16_ATOL for why).
@@ -123,7 +119,7 @@ def main(argv=None) -> int:
                                                  "(ndif 0.0.1): stock and patched nnsight 0.7.0 on both sides.")
     parser.add_argument("--out", default=str(ROOT / "results" / "ndif_0.7"), help="output directory")
     args = parser.parse_args(argv)
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    started = provenance.date()
     results = {}
     try:
         for server in PAIRINGS:
@@ -135,17 +131,16 @@ def main(argv=None) -> int:
     server = server_env.ensure(build=False, line="0.7")
     server_packages = envs.reported_versions(server)
     report = {
-        "command": " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
-        "started": started,
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                 "python": sys.version.split()[0]},
-        "server": {"ndif": server_packages.get("ndif"), "env": server.name, "env_digest": server.stamp["digest"],
-                   "torch": server_packages.get("torch"), "transformers": server_packages.get("transformers"),
-                   "nnsight": {server: results[server]["server_nnsight"] for server in results},
-                   "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
-                           "not the server production ran for nnsight 0.7.0"},
-        "clients": {name: envs.reported_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+        "provenance": provenance.record(
+            " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
+            versions={**{name: envs.reported_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+                      server.name: server_packages},
+            server={"kind": "local NDIF stack", "ndif": server_packages.get("ndif"), "env": server.name,
+                    "env_digest": server.stamp["digest"],
+                    "nnsight": {server: results[server]["server_nnsight"] for server in results},
+                    "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
+                            "not the server production ran for nnsight 0.7.0"},
+            details={"started": started}),
         "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),

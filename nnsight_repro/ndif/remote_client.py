@@ -9,7 +9,9 @@ network namespace, with ``NDIF_HOST`` pointing at the API (nnsight reads it at i
 - ``mint --models a,b``: saves each panel model and sends ``{name: {path, task, key}}``, where ``key``
   is exactly the model key this client sends (the server must be deployed under that key).
 - ``run --cases c1,c2``: sends ``{"cases": {case: record}}``, each record ``{"ok": ..., ...}`` or a
-  failure record; a case that raises never stops the others. A ``first:`` case sends ``{"ready": case}``
+  failure record; a case that raises never stops the others. A record lists, under
+  ``socket_race_retries``, every remote call sent again after the client-side socket race
+  (:mod:`.socket_race`); nothing else is ever retried. A ``first:`` case sends ``{"ready": case}``
   before it (see ``stack.start_client``).
 
 Cases:
@@ -40,6 +42,7 @@ import time
 import warnings
 
 from .. import channel, checks, lines
+from . import socket_race
 
 LINE = lines.current()
 
@@ -118,13 +121,21 @@ def saves(s: checks.Subject, remote=None) -> dict:
 #: The key each traced model was requested under, also for a trace that failed (the server built it).
 KEYS = {}
 
+#: The socket-race retries of the case being run (:mod:`.socket_race`); ``run`` moves them into its record.
+RETRIES = []
+
+
+def remotely(fn):
+    """``fn()``, a remote trace, sent again only after the client-side socket race."""
+    return socket_race.call(fn, RETRIES)
+
 
 def case_trace(name: str, atol: float = 0.0) -> dict:
     s = subject(name)
     KEYS[name] = s.model.to_model_key()
     local = saves(s)
     started = time.perf_counter()
-    remote = saves(s, remote=True)
+    remote = remotely(lambda: saves(s, remote=True))
     record = {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(),
               "read_points": [f"{label}: {s.line.output_attr(envoy)}" for label, envoy, _ in s.read_points()],
               "atol": atol}
@@ -148,7 +159,7 @@ def case_write(name: str, atol: float = 0.0) -> dict:
     KEYS[name] = s.model.to_model_key()
     local, unwritten = wire.traced(s, "write")["logits"], wire.traced(s, "read")["logits"]
     started = time.perf_counter()
-    remote = wire.traced(s, "write", remote=True)["logits"]
+    remote = remotely(lambda: wire.traced(s, "write", remote=True))["logits"]
     same_shape = remote.shape == local.shape
     diff = float((remote.float() - local).abs().max()) if same_shape else None
     return {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(), "atol": atol,
@@ -173,7 +184,10 @@ def case_error() -> dict:
     record = {}
     for where, remote in (("local", None), ("remote", True)):
         try:
-            _failing_body(s, remote)
+            if remote:
+                remotely(lambda: _failing_body(s, remote))
+            else:
+                _failing_body(s, remote)
             record[where] = {"raised": False}
         except Exception as exc:  # what the user gets is the point
             record[where] = {"raised": True, "type": f"{type(exc).__module__}.{type(exc).__name__}",
@@ -203,7 +217,7 @@ def case_large(min_bytes: int, transport: Transport) -> dict:
     local = _large_body(s, numbers, None)
     before = len(transport.seen)
     started = time.perf_counter()
-    remote = _large_body(s, numbers, True)
+    remote = remotely(lambda: _large_body(s, numbers, True))
     seconds = time.perf_counter() - started
     routes = transport.seen[before:]
     return {"ok": bool((remote == local).all()), "seconds": round(seconds, 3), "bytes": remote.numel() * 4,
@@ -240,7 +254,7 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
             raise TimeoutError(f"{name} was not HOT after {timeout:.0f} s")
         time.sleep(0.25)
     hot = time.time()
-    result = saves(s, remote=True)
+    result = remotely(lambda: saves(s, remote=True))
     done = time.time()
     local = saves(s)
     diff = max(float((result[k].float() - local[k]).abs().max()) for k in local)
@@ -251,12 +265,12 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
 
 def case_timing(name: str, n: int) -> dict:
     s = subject(name)
-    saves(s, remote=True)  # warm: the server has run this model for this client once
+    remotely(lambda: saves(s, remote=True))  # warm: the server has run this model for this client once
     saves(s)
     remote, local = [], []
     for _ in range(n):
         started = time.perf_counter()
-        saves(s, remote=True)
+        remotely(lambda: saves(s, remote=True))
         remote.append(time.perf_counter() - started)
         started = time.perf_counter()
         saves(s)
@@ -297,6 +311,9 @@ def run(cases) -> dict:
             record = {**checks.failure(exc), "message": text if len(text) <= 6000 else text[:3000] + " ... " + text[-3000:]}
             if kind in ("trace", "write") and arg.partition(":")[0] in KEYS:
                 record["key"] = KEYS[arg.partition(":")[0]]
+        if RETRIES:
+            record["socket_race_retries"] = RETRIES[:]
+            RETRIES.clear()
         record["wall_s"] = round(time.perf_counter() - started, 3)
         out[case] = record
     return out

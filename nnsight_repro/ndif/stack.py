@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, channel, envs
+from .. import ROOT, channel, envs, fsutil
 from .. import models as panel
 from . import config as configuration
 from . import deploy, netns, server_env
@@ -72,9 +72,7 @@ def read_state(cfg: configuration.StackConfig) -> Optional[dict]:
 
 
 def _write_state(cfg: configuration.StackConfig, state: dict) -> None:
-    staging = cfg.state_file.with_suffix(".tmp")
-    staging.write_text(json.dumps(state, indent=1))
-    os.replace(staging, cfg.state_file)
+    fsutil.write_text(cfg.state_file, json.dumps(state, indent=1))
 
 
 @contextlib.contextmanager
@@ -542,6 +540,26 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
 def healthy(cfg: Optional[configuration.StackConfig] = None) -> bool:
     report = status(cfg)
     return report["running"] and not report["problems"]
+
+
+def ensure_up(cfg: configuration.StackConfig, say: Callable[[str], None] = _say) -> bool:
+    """The stack of ``cfg`` running as configured, for callers that may share one: a healthy stack of the
+    same server flavour is used as it is; anything else in its namespace (unhealthy, or the other
+    flavour: one stack per generation runs per cache) is stopped, saying why, and replaced.
+
+    True when this call brought the stack up (the caller brings it down); False when it was running
+    already, and then it is left running.
+    """
+    running = read_state(cfg) or {}
+    is_healthy = healthy(cfg)
+    if is_healthy and running.get("server", "stock") == cfg.server:
+        return False
+    if netns.exists(cfg.netns):
+        why = "unhealthy" if not is_healthy else f"running {running.get('server', 'stock')} nnsight, not {cfg.server}"
+        say(f"the local {cfg.line} stack is {why}; replacing it")
+        down(cfg, say=say)
+    up(cfg, say=say)
+    return True
 
 
 # Running code against the stack --------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 ``python3 -m nnsight_repro zoo [--subset ci|full] [--envs main,patched,upstream-0.8] [--out results/zoo]``
 
-The parent (stdlib only) runs :mod:`nnsight_repro.zoo_worker` in each
+The parent (stdlib only) runs :mod:`nnsight_repro.zoo.worker` in each
 environment's interpreter, two environments at a time. The worker sends one
 record per unit through the result channel; a unit that crashes its worker (segfault, OOM kill) or runs
 past ``--timeout`` is recorded as such, the worker is restarted after it, and
 the scan goes on. What the records mean is summarized per architecture
-(model_type) by :mod:`nnsight_repro.zoo_report`.
+(model_type) by :mod:`nnsight_repro.zoo.report`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import channel, envs
+from .. import channel, envs
 
 ENVS = ["main", "patched", "upstream-0.8"]
 #: Seconds one unit may take (meta build, wrap, round trip, tiny forward) before its worker is killed.
@@ -48,7 +48,7 @@ class Worker:
     def __init__(self, env: envs.Env, units: List[dict], extra_env: Optional[dict] = None,
                  log: Optional[Path] = None):
         # Its own session: a kill reaches anything it started, and only that.
-        self.stream = env.start(["-m", "nnsight_repro.zoo_worker"], doing="the zoo worker", extra_env=extra_env,
+        self.stream = env.start(["-m", "nnsight_repro.zoo.worker"], doing="the zoo worker", extra_env=extra_env,
                                 input=json.dumps(units), stderr=log, new_session=True)
 
     def next(self, timeout: float) -> Optional[dict]:
@@ -133,7 +133,7 @@ def scan_env(env_name: str, units: List[dict], *, unit_timeout: float = UNIT_TIM
 def catalog(env_name: str) -> dict:
     """The units and the config types without a class, as the worker enumerates them in ``env_name``."""
     env = envs.ensure(env_name, build=False)
-    return env.run_one(["-m", "nnsight_repro.zoo_worker", "--list"], doing="the zoo catalog",
+    return env.run_one(["-m", "nnsight_repro.zoo.worker", "--list"], doing="the zoo catalog",
                        timeout=STARTUP_TIMEOUT)
 
 
@@ -194,12 +194,12 @@ def run(subset: str = "full", env_names: Optional[List[str]] = None, *, unit_tim
 
 
 def main(args) -> int:
-    from . import zoo_report
+    from . import report as reports
 
     env_names = [e.strip() for e in args.envs.split(",") if e.strip()]
     out = Path(args.out)
     if args.rerender:
-        zoo_report.write(zoo_report.rerender(out / "zoo.json", " ".join(["python3 -m nnsight_repro", *sys.argv[1:]])),
+        reports.write(reports.rerender(out / "zoo.json", " ".join(["python3 -m nnsight_repro", *sys.argv[1:]])),
                          out)
         print(f"[zoo] re-rendered {out} from its records", file=sys.stderr)
         return 0
@@ -209,9 +209,9 @@ def main(args) -> int:
     print(f"[zoo] worker logs: {log_dir}", file=sys.stderr)
     scanned = run(args.subset, env_names, unit_timeout=args.timeout, parallel=args.parallel, log_dir=log_dir,
                   only=[o for o in (args.only or "").split(",") if o] or None)
-    report = zoo_report.report(scanned, command=" ".join(["python3 -m nnsight_repro", *sys.argv[1:]])
+    report = reports.report(scanned, command=" ".join(["python3 -m nnsight_repro", *sys.argv[1:]])
                                if args.command_line is None else args.command_line)
-    zoo_report.write(report, out)
+    reports.write(report, out)
     counts = report["counts"]
     print(f"[zoo] {counts['architectures']} architectures, {counts['colliding']} colliding, "
           f"{counts['failing_on_patched_colliding']} colliding failing on patched -> {out}", file=sys.stderr)

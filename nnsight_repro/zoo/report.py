@@ -21,16 +21,16 @@ summarizes every class of it. Words used in the counts:
 from __future__ import annotations
 
 import json
-import platform
-import socket
 import time
 from pathlib import Path
 from typing import Dict, List
 
-from . import lines
+from .. import lines, provenance
 
-SCHEMA = "nnsight-repro/zoo/1"
-RELEASE, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
+SCHEMA = "nnsight-repro/zoo/2"
+#: The packages of an environment block that ``provenance.versions`` lists.
+VERSIONED = ("python", "nnsight", "torch", "transformers", "multimolecule")
+MAIN, PATCHED, UPSTREAM = "main", "patched", "upstream-0.8"
 #: In the order a reader wants the reason: the serializer's error names the bug, the class count only counts it.
 NNSIGHT_CHECKS = ("serializer_round_trip", "synthesized_classes")
 
@@ -92,8 +92,8 @@ def architecture(model_type: str, units: List[dict], scans: Dict[str, dict]) -> 
     built = any(e["built"] for e in per_env.values())
     outcome["buildable"] = built
     ok = {name: e["ok"] for name, e in per_env.items()}
-    outcome["fixed_by_series"] = colliding and ok.get(RELEASE) is False and ok.get(PATCHED) is True
-    outcome["fixed_by_0_8_1"] = colliding and ok.get(RELEASE) is False and ok.get(UPSTREAM) is True
+    outcome["fixed_by_series"] = colliding and ok.get(MAIN) is False and ok.get(PATCHED) is True
+    outcome["fixed_by_0_8_1"] = colliding and ok.get(MAIN) is False and ok.get(UPSTREAM) is True
     outcome["failing_in"] = sorted(name for name, e in per_env.items() if built and not e["ok"])
     return outcome
 
@@ -149,7 +149,7 @@ def explain_patched_failures(archs: List[dict], scans: Dict[str, dict]) -> List[
                 names = sorted({p.rsplit(".", 1)[-1] for p in clobbered})
                 causes.append(f"{unit_id}: submodules named {', '.join(names)} ({len(clobbered)}, e.g. "
                               f"`{clobbered[0]}`) overwrite the envoy's own per-instance attribute of that name, "
-                              f"so the loaded tree differs (shown alone by `python -m nnsight_repro.zoo_probes`); "
+                              f"so the loaded tree differs (shown alone by `python -m nnsight_repro.zoo.minimal_trees`); "
                               f"the series relocates only names the Envoy class serves, and 0.8.1 " + ("fails the same way" if UPSTREAM in a["failing_in"]
                                                        else "passes"))
             synthesized = record.get("synthesized_classes", {})
@@ -184,7 +184,7 @@ def counts(archs: List[dict], units: List[dict], scans: Dict[str, dict]) -> dict
         "colliding": len(colliding),
         "colliding_by_source": {src: sum(a["source"] == src for a in colliding)
                                 for src in sorted({a["source"] for a in archs})},
-        "colliding_failing_on_main": sum(RELEASE in a["failing_in"] for a in colliding),
+        "colliding_failing_on_main": sum(MAIN in a["failing_in"] for a in colliding),
         "fixed_by_series": sum(a["fixed_by_series"] for a in colliding),
         "fixed_by_0_8_1": sum(a["fixed_by_0_8_1"] for a in colliding),
         "failing_on_patched_colliding": len(failing_patched),
@@ -209,12 +209,10 @@ def report(scanned: dict, command: str) -> dict:
     envoy_attributes = {env: scan["environment"].get("envoy_attributes", {}) for env, scan in scans.items()}
     return {
         "schema": SCHEMA,
-        "provenance": {
-            "command": command, "subset": scanned["subset"], "host": socket.gethostname(),
-            "machine": f"{platform.system()} {platform.machine()}",
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(scanned["started"])),
-            "duration_seconds": scanned["seconds"],
-        },
+        "provenance": provenance.record(
+            command, versions={env: {k: v[k] for k in VERSIONED if k in v} for env, v in environments.items()},
+            details={"subset": scanned["subset"], "scan_started": provenance.date(scanned["started"]),
+                     "duration_seconds": scanned["seconds"]}),
         "environments": environments,
         "envoy_attributes": envoy_attributes,
         "counts": counts(archs, units, scans),
@@ -243,16 +241,20 @@ def cell(env: dict, built: bool) -> str:
 
 def markdown(rep: dict) -> str:
     c, p = rep["counts"], rep["provenance"]
+    # A re-rendered report's scan is described by the provenance of the run that scanned.
+    scan = p["details"].get("records_from", p)
+    d = scan.get("details", scan)
     envs = list(rep["environments"])
     out = [
         "# Zoo audit: which architectures collide with nnsight's Envoy attributes, per environment",
         "",
-        f"Written by `{p['command']}` on {p['host']} at {p['date']} in {p['duration_seconds']:.0f} s "
-        f"(subset `{p['subset']}`). Versions: " + "; ".join(
+        f"Written by `{p['command']}` on {p['host']} at {p['date']}"
+        + (f" from the records of `{scan['command']}` ({scan['date']})" if scan is not p else "")
+        + f", a scan of {d['duration_seconds']:.0f} s (subset `{d['subset']}`). Versions: " + "; ".join(
             f"{e}: nnsight {v.get('nnsight')}, transformers {v.get('transformers')}, "
             f"multimolecule {v.get('multimolecule')}" for e, v in rep["environments"].items()) + ".",
         "",
-        "Definitions (colliding, fails, fixed) are in `nnsight_repro/zoo_report.py`; the records in `zoo.json`.",
+        "Definitions (colliding, fails, fixed) are in `nnsight_repro/zoo/report.py`; the records in `zoo.json`.",
         "",
         "| count | |",
         "|---|---|",
@@ -342,13 +344,15 @@ def rerender(path: Path, command: str) -> dict:
     records the original run wrote, and ``rendered_by`` says so.
     """
     old = json.loads(path.read_text())
+    scanned_by = old["provenance"].get("details", {}).get("records_from", old["provenance"])
+    # Files written before nnsight_repro.provenance kept the scan's fields at the top level.
+    scan = scanned_by.get("details", scanned_by)
     scans = {env: {"environment": {**old["environments"][env], "envoy_attributes": old["envoy_attributes"][env]},
                    "records": {r["id"]: r for r in old["records"][env]}, "restarts": old["counts"]["worker_restarts"][env]}
              for env in old["environments"]}
-    scanned = {"subset": old["provenance"]["subset"], "units": old["units"], "scans": scans, "started": time.time(),
-               "seconds": old["provenance"]["duration_seconds"],
+    scanned = {"subset": scan["subset"], "units": old["units"], "scans": scans, "started": time.time(),
+               "seconds": scan["duration_seconds"],
                "config_types_without_model_class": old["config_types_without_model_class"]}
-    rep = report(scanned, command=old["provenance"]["command"])
-    rep["provenance"] = {**old["provenance"], "rendered_by": command,
-                         "rendered": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    rep = report(scanned, command=command)
+    rep["provenance"]["details"] = {"records_from": scanned_by}
     return rep

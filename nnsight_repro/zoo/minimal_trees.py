@@ -1,7 +1,7 @@
 """Minimal trees behind the zoo's two findings beyond ``output``, through nnsight's serializer.
 
 Every zoo worker runs them and reports them with its environment
-(``zoo.json``: ``environments.<env>.probes``); ``python -m nnsight_repro.zoo_probes``
+(``zoo.json``: ``environments.<env>.probes``); ``python -m nnsight_repro.zoo.minimal_trees``
 (inside an environment) prints the same JSON object alone: per probe, whether the envoy tree comes back with the same paths and
 envoy classes, or the error. Found by the full scan in Flava's image codebook:
 

@@ -1,6 +1,6 @@
 """The zoo's worker: scans units one at a time inside one environment, one record per finished unit.
 
-``python -m nnsight_repro.zoo_worker`` reads a JSON list of catalog units on
+``python -m nnsight_repro.zoo.worker`` reads a JSON list of catalog units on
 stdin and sends its messages through :mod:`nnsight_repro.channel`, record by
 record, so nothing a model or library prints can corrupt them. Before a unit it
 sends ``{"begin": id}``, so when the process dies the parent knows which unit
@@ -33,12 +33,12 @@ import time
 import types
 import warnings
 
-from . import channel
+from .. import channel
 
 
 def failure(exc: BaseException) -> dict:
     """The check routine's failure record, with the error's own last line when nnsight wraps a traceback."""
-    from . import checks
+    from .. import checks
 
     record = checks.failure(exc)
     if record["message"].startswith("Traceback"):
@@ -61,7 +61,7 @@ def envoy_attribute_names() -> dict:
     import torch
     from nnsight.intervention.envoy import Envoy
 
-    from . import lines
+    from .. import lines
 
     class_names = [n for n in dir(Envoy) if not (n.startswith("__") and n.endswith("__"))]
     instance_names = [n for n in vars(Envoy(torch.nn.Module())) if n not in class_names]
@@ -86,7 +86,7 @@ def collisions(model, names: dict) -> list:
 
 def wrap(model, meta: bool):
     """The line's wrapper around a built module; nnsight's base NNsight where that wrapper refuses the module."""
-    from . import lines, models
+    from .. import lines, models
 
     tokenizer = models.build_tokenizer(True)
     line = lines.current()
@@ -115,7 +115,7 @@ def wrap(model, meta: bool):
 
 def read_point(wrapper):
     """(label, envoy, attribute): the first envoy with an ``output`` child (the collision), else the root."""
-    from . import lines
+    from .. import lines
 
     line = lines.current()
     for envoy in wrapper.modules():
@@ -144,12 +144,13 @@ def remote_local(unit: dict) -> dict:
     scan could not run this model tiny at all (nothing about nnsight's remote
     path); only ``remote_trace`` or a mismatch is a failure of the remote path.
     """
-    from . import checks, zoo_build
+    from .. import checks
+    from . import build
 
     stage = "tiny_build"
     try:
-        model = zoo_build.build_tiny(unit)
-        inputs = zoo_build.forward_inputs(model)
+        model = build.build_tiny(unit)
+        inputs = build.forward_inputs(model)
         if inputs is None:
             return {"ok": None, "stage": stage, "skipped": "the forward takes no input_ids"}
         wrapper, wrapper_name, _ = wrap(model, meta=False)
@@ -174,15 +175,16 @@ def remote_local(unit: dict) -> dict:
 
 
 def scan(unit: dict, names: dict, environment: dict) -> dict:
-    from . import checks, zoo_build
+    from .. import checks
+    from . import build
 
     record = {"id": unit["id"]}
     try:
-        model, config, default_error = zoo_build.build_meta(unit)
+        model, config, default_error = build.build_meta(unit)
     except Exception as exc:
         record["build"] = {**failure(exc), "reason": "cannot be built from its config's defaults, nor tiny"}
         return record
-    record["build"] = {"ok": True, "config": config, "device": "meta", "parameters": zoo_build.parameters(model)}
+    record["build"] = {"ok": True, "config": config, "device": "meta", "parameters": build.parameters(model)}
     if default_error is not None:
         record["build"]["defaults_failed"] = failure(default_error)
     record["collisions"] = collisions(model, names)
@@ -216,7 +218,7 @@ def worker_commit() -> str:
     """The project commit this worker's code is from (``+dirty`` when the tree differs), for provenance."""
     import subprocess
 
-    from . import ROOT
+    from .. import ROOT
 
     def git(*args):
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
@@ -228,14 +230,15 @@ def worker_commit() -> str:
 def environment_block() -> dict:
     from importlib.metadata import version
 
-    from . import checks, lines, zoo_probes
+    from .. import checks, lines
+    from . import minimal_trees
 
     block = checks.environment()
     block["multimolecule"] = version("multimolecule")
     block["worker_commit"] = worker_commit()
     block["envoy_attributes"] = envoy_attribute_names()
     # Costs milliseconds here, where nnsight is already imported; a process of its own costs seconds.
-    block["probes"] = {name: zoo_probes.round_trip(tree) for name, tree in zoo_probes.probe_trees().items()}
+    block["probes"] = {name: minimal_trees.round_trip(tree) for name, tree in minimal_trees.probe_trees().items()}
     block["line_object"] = lines.current()
     return block
 
@@ -251,11 +254,11 @@ def main() -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from . import zoo_catalog
+    from . import catalog
 
     if "--list" in sys.argv:
-        channel.send({"catalog": zoo_catalog.catalog(), "config_types_without_model_class":
-                        zoo_catalog.config_types_without_model_class()})
+        channel.send({"catalog": catalog.catalog(), "config_types_without_model_class":
+                        catalog.config_types_without_model_class()})
         return 0
     units = json.loads(sys.stdin.read())
     environment = environment_block()

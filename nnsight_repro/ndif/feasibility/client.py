@@ -1,8 +1,8 @@
-"""The client half of ``probe_ndif.py``: runs validated probes with this interpreter's nnsight.
+"""The client half of the probe runner (:mod:`.runner`): runs validated probes with this interpreter's nnsight.
 
 Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
 with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
-validated by the runner) as JSON on stdin and sends one record per event through the result channel
+validated by :mod:`.declarations`) as JSON on stdin and sends one record per event through the result channel
 (:mod:`nnsight_repro.channel`; nnsight's own status display keeps stdout and stderr):
 
     {"event": "start", "probe": id}
@@ -26,6 +26,7 @@ import traceback
 import warnings
 
 from nnsight_repro import channel, lines, models
+from nnsight_repro.ndif import socket_race
 
 LINE = lines.current()
 _current_probe = None
@@ -155,15 +156,22 @@ def run_trace(probe: dict) -> dict:
         deployed_before = None
     hook = probe["hook"][LINE.name]
     text = probe["input"]
-    # `saved` must be a plain local of the block: a remote trace hands saves back by assigning locals.
-    with model.trace(text, remote=True):
-        saved = eval(hook, {"model": model}).save()
+    def remote_trace():
+        # `saved` must be a plain local of the block: a remote trace hands saves back by assigning locals.
+        with model.trace(text, remote=True):
+            saved = eval(hook, {"model": model}).save()
+        return saved
+
+    retries = []
+    saved = socket_race.call(remote_trace, retries)
     while isinstance(saved, (tuple, list)):
         saved = saved[0]
     saved = getattr(saved, "last_hidden_state", saved)
     detail = {"key": key, "hook": hook, "shape": list(getattr(saved, "shape", [])), "deployed_before": deployed_before}
     if deployed_before is False:
         detail["note"] = "not deployed before the request: provisioned on request"
+    if retries:
+        detail["socket_race_retries"] = retries
     return detail
 
 

@@ -1,0 +1,209 @@
+"""The probe declarations: which client lines exist, what a probe file may say, and whether an
+observation matches what a probe expects.
+
+Host-side and stdlib only (the panel names come from :mod:`nnsight_repro.models`, which imports nothing
+heavy at module level). Reads and validates ``probes.toml``-style files; knows the three probe kinds
+by their fields, never a single probe. Deliberately does not run anything: that is :mod:`.runner`
+(the host half) and :mod:`.client` (the half inside a client environment).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List
+
+from nnsight_repro import lines, models
+
+
+@dataclass(frozen=True)
+class ClientLine:
+    #: The client's environment (its nnsight).
+    env: str
+    #: The local stack generation that serves it (by the nnsight line it speaks), and the nnsight its
+    #: server runs: ``stock`` (the release) or ``patched`` (the project's build of the series).
+    stack: str
+    server: str
+    #: What the pairing shows, for the results.
+    shows: str
+
+
+CLIENT_LINES: Dict[str, ClientLine] = {
+    "main": ClientLine("main", "0.7", "stock", "nnsight 0.7.0 as released on both sides (what NDIF users run)"),
+    "patched": ClientLine("patched", "0.7", "patched", "the series on both sides"),
+    # What a researcher gets today: the fixed client against the stock server the public NDIF runs
+    # (the series keeps the synthesized class loadable there: it travels by value).
+    "patched-client-only": ClientLine("patched", "0.7", "stock",
+                                      "the series on the client only, against a stock nnsight 0.7.0 server"),
+    "upstream-0.8": ClientLine("upstream-0.8", "0.8", "stock", "nnsight 0.8.1 against ndif 0.1.2"),
+}
+
+
+def server_generation(client_line: str) -> str:
+    from nnsight_repro.ndif import config
+
+    line = CLIENT_LINES[client_line]
+    generation = config.generation(line.stack)
+    nnsight = {"stock": "its stock nnsight", "patched": "the project's patched nnsight"}[line.server]
+    return f"local ndif {generation.ndif} ({line.stack}-line stack) with {nnsight}"
+
+
+KINDS = {
+    "status": {"required": set(), "optional": set()},
+    "env": {"required": {"packages"}, "optional": {"critical"}},
+    "trace": {"required": {"model", "select", "input", "hook"}, "optional": {"requires"}},
+}
+COMMON = {"id", "isolates", "kind", "expect"}
+MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
+
+class ProbeFileError(Exception):
+    """The probe file is malformed or contradicts itself; the message names the probe and field."""
+
+
+# Loading and validating the probes --------------------------------------------------------------------
+
+def validate_expectation(where: str, value) -> None:
+    if value == "ok":
+        return
+    if isinstance(value, str):
+        raise ProbeFileError(f"{where}: expected \"ok\" or {{error, message}}, got {value!r}")
+    if not isinstance(value, dict):
+        raise ProbeFileError(f"{where}: expected \"ok\" or {{error, message}}, got {type(value).__name__}")
+    if value.get("status") == "ok" or value.get("ok") is True:
+        # "ok" and an error in one expectation cannot both hold.
+        raise ProbeFileError(f"{where} contradicts itself: it says ok and names an error {value}")
+    unknown = set(value) - {"error", "message"}
+    if unknown:
+        raise ProbeFileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (allowed: error, message)")
+    for field in ("error", "message"):
+        if not isinstance(value.get(field), str) or not value[field]:
+            raise ProbeFileError(f"{where}: an error expectation needs a non-empty {field!r}")
+
+
+def validate_probe(at: int, probe) -> None:
+    if not isinstance(probe, dict):
+        raise ProbeFileError(f"probe #{at + 1} is not a table")
+    name = f"probe {probe.get('id', f'#{at + 1}')!r}"
+    kind = probe.get("kind")
+    if kind not in KINDS:
+        raise ProbeFileError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    allowed = COMMON | KINDS[kind]["required"] | KINDS[kind]["optional"]
+    unknown = set(probe) - allowed
+    if unknown:
+        raise ProbeFileError(f"{name}: unknown field(s) {', '.join(sorted(unknown))} for kind {kind!r} "
+                             f"(allowed: {', '.join(sorted(allowed))})")
+    missing = (COMMON | KINDS[kind]["required"]) - set(probe)
+    if missing:
+        raise ProbeFileError(f"{name}: missing field(s) {', '.join(sorted(missing))}")
+    for field in ("id", "isolates"):
+        if not isinstance(probe[field], str) or not probe[field].strip():
+            raise ProbeFileError(f"{name}: {field!r} must be a non-empty string")
+    expect = probe["expect"]
+    if not isinstance(expect, dict):
+        raise ProbeFileError(f"{name}: 'expect' must map client lines to outcomes")
+    unknown_lines = set(expect) - set(CLIENT_LINES)
+    if unknown_lines:
+        raise ProbeFileError(f"{name}: expectation for unknown client line(s) {', '.join(sorted(unknown_lines))} "
+                             f"(client lines: {', '.join(CLIENT_LINES)})")
+    missing_lines = set(CLIENT_LINES) - set(expect)
+    if missing_lines:
+        raise ProbeFileError(f"{name}: no expectation for client line(s) {', '.join(sorted(missing_lines))}")
+    for client_line, value in expect.items():
+        validate_expectation(f"{name} expect.{client_line}", value)
+    if kind == "env":
+        if not isinstance(probe["packages"], list) or not probe["packages"]:
+            raise ProbeFileError(f"{name}: 'packages' must be a non-empty list")
+        stray = set(probe.get("critical", [])) - set(probe["packages"])
+        if stray:
+            raise ProbeFileError(f"{name}: critical package(s) {', '.join(sorted(stray))} are not among 'packages'")
+    if kind == "trace":
+        validate_trace(name, probe)
+
+
+def validate_trace(name: str, probe: dict) -> None:
+    model = probe["model"]
+    if not isinstance(model, dict) or "panel" not in model or "repo_id" not in model:
+        raise ProbeFileError(f"{name}: 'model' needs 'panel' (the local stand-in) and 'repo_id'")
+    unknown = set(model) - MODEL_FIELDS
+    if unknown:
+        raise ProbeFileError(f"{name}: unknown model field(s) {', '.join(sorted(unknown))}")
+    known = models.extended()
+    if model["panel"] not in known:
+        raise ProbeFileError(f"{name}: panel model {model['panel']!r} is not in the panel ({', '.join(known)})")
+    if model.get("key", "local") not in ("local", "hub"):
+        raise ProbeFileError(f"{name}: model.key must be \"local\" or \"hub\"")
+    for field in ("select", "hook"):
+        if not isinstance(probe[field], dict) or set(probe[field]) != set(lines.LINES):
+            raise ProbeFileError(f"{name}: {field!r} must give exactly the nnsight lines {', '.join(lines.LINES)}")
+    for line_name, choice in probe["select"].items():
+        # lines.py says which key field carries the model class on each line (automodel / task).
+        field = lines.LINES[line_name].class_field
+        if not isinstance(choice, dict) or set(choice) != {field}:
+            raise ProbeFileError(f"{name}: select.{line_name} must be {{ {field} = ... }} "
+                                 f"(the {line_name} line chooses the model class by {field!r})")
+    for line_name, expression in probe["hook"].items():
+        try:
+            compile(expression, f"{name} hook.{line_name}", "eval")
+        except SyntaxError as exc:
+            raise ProbeFileError(f"{name}: hook.{line_name} is not an expression: {exc}") from None
+    if not isinstance(probe["input"], str):
+        raise ProbeFileError(f"{name}: 'input' must be a string")
+    requires = probe.get("requires", [])
+    if not isinstance(requires, list):
+        raise ProbeFileError(f"{name}: 'requires' must be a list of package names")
+
+
+def load_probes(path: Path) -> List[dict]:
+    """The probes of ``path``, validated; :class:`ProbeFileError` before anything is sent."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.load(fh) if path.suffix == ".json" else tomllib.load(fh)
+    except FileNotFoundError:
+        raise ProbeFileError(f"no probe file at {path}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ProbeFileError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict) or set(data) != {"probe"} or not isinstance(data["probe"], list) or not data["probe"]:
+        raise ProbeFileError(f"{path}: expected one or more [[probe]] tables and nothing else")
+    seen = set()
+    for at, probe in enumerate(data["probe"]):
+        validate_probe(at, probe)
+        if probe["id"] in seen:
+            raise ProbeFileError(f"{path}: probe id {probe['id']!r} appears twice")
+        seen.add(probe["id"])
+    return data["probe"]
+
+
+def parse_lines(text: str) -> List[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [c for c in chosen if c not in CLIENT_LINES]
+    if unknown or not chosen:
+        raise ProbeFileError(f"unknown client line(s) {', '.join(unknown) or '(none given)'}; "
+                             f"client lines: {', '.join(CLIENT_LINES)}")
+    return chosen
+
+
+# Matching --------------------------------------------------------------------------------------------
+
+def matches(expected, observed: dict) -> bool:
+    if expected == "ok":
+        return observed.get("status") == "ok"
+    # The fragment matches regardless of case: ndif 0.0.1 lowercases the exception text it relays.
+    return (observed.get("status") == "error" and observed.get("error") == expected["error"]
+            and expected["message"].lower() in (observed.get("message") or "").lower())
+
+
+def headline(observed: dict, width: int = 160) -> str:
+    """One line for a table: "ok" (with the probe's note), or the error and the line of its message
+    that names it (a server traceback ends with it)."""
+    if observed.get("status") == "ok":
+        note = (observed.get("detail") or {}).get("note")
+        return f"ok ({note})"[:width] if note else "ok"
+    text = [line for line in (observed.get("message") or "").strip().splitlines() if line.strip()]
+    line = text[-1] if text and text[0].startswith("Traceback") else (text[0] if text else "")
+    return f"{observed.get('error')}: {line}"[:width]
+
+
+def describe(expected) -> str:
+    return "ok" if expected == "ok" else f"{expected['error']}: …{expected['message']}…"

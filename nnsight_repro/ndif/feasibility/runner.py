@@ -1,0 +1,311 @@
+"""The probe runner (host side): sends validated probes to a live host, one client line at a time,
+and writes one JSON (+ markdown) per client line.
+
+``scripts/ndif_feasibility/probe_ndif.py`` is its command line:
+
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line main,patched,...]
+                                                   [--host URL] [--out DIR]
+
+The probes (``scripts/ndif_feasibility/probes.toml`` by default) are validated by :mod:`.declarations`
+before any request: an unknown field, a missing one, an expectation that contradicts itself or names an
+unknown client line, is an error and exit code 2. Then, per client line, the probes run in that line's
+environment (:mod:`.client`, inside the stack's namespace for the local NDIF), one live status line per
+probe; every observation is compared with the probe's expectation for that line, a final table printed,
+and one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
+it. Exit 0 only when every observation matched.
+
+Client lines (:data:`.declarations.CLIENT_LINES`, default: all) are pairings of a client and the local
+server that serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
+``patched-client-only`` (the series on the client, a stock 0.7.0 server: what a researcher gets against
+today's NDIF) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
+
+Host: ``--host``, else ``NDIF_HOST`` (with ``NDIF_API_KEY``, as nnsight reads them); with neither, the
+project's local NDIF stack each client line pairs with (the 0.7-line stack with a stock or patched
+server, the 0.8-line stack), brought up if it is not running and brought down afterwards if this run
+brought it up. An unreachable host, or a local stack that does not come up, is recorded as every
+probe's outcome (exit 1). A given host serves every client line as it is; the expectations are those of
+the local pairings.
+
+This runner knows nothing about any single probe: what a probe does is its ``kind``, handled by
+:mod:`.client`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from nnsight_repro import ROOT, channel, envs, fsutil, provenance
+from .declarations import (CLIENT_LINES, ProbeFileError, describe, headline, load_probes, matches, parse_lines,
+                           server_generation)
+
+DEFAULT_PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
+DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
+CLIENT_MODULE = "nnsight_repro.ndif.feasibility.client"
+
+# Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input.
+EXIT_MISMATCH, EXIT_BAD_INPUT = 1, 2
+
+
+# Hosts ----------------------------------------------------------------------------------------------
+
+class Host:
+    """Where requests go, and how a client process reaches it."""
+
+    def __init__(self, url: str, api_key: Optional[str], local_cfg=None):
+        self.url, self.api_key, self.local_cfg = url.rstrip("/"), api_key, local_cfg
+
+    @property
+    def kind(self) -> str:
+        return "local NDIF stack" if self.local_cfg else "given host"
+
+    def command(self, env: envs.Env, argv: List[str]) -> List[str]:
+        if self.local_cfg is not None:
+            from nnsight_repro.ndif import stack
+            return stack.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
+        return [str(env.python), *argv]
+
+    def environ(self, env: envs.Env) -> dict:
+        extra = {"NDIF_HOST": self.url}
+        if self.api_key:
+            extra["NDIF_API_KEY"] = self.api_key
+        return env.environ(extra)
+
+    def reachable(self) -> Optional[str]:
+        """None when the API answers ``/ping``; else why not."""
+        if self.local_cfg is not None:
+            from nnsight_repro.ndif import stack
+            answer = stack.http_get(self.local_cfg, "/ping")
+            return None if answer.get("status") == 200 else answer.get("error") or f"HTTP {answer.get('status')}"
+        try:
+            with urllib.request.urlopen(self.url + "/ping", timeout=10) as response:
+                return None if response.status == 200 else f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+
+
+class LocalStacks:
+    """The project's local NDIF stacks, one per client line's pairing; brings down what it brought up.
+
+    One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
+    server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
+    stack comes up once.
+    """
+
+    def __init__(self, say):
+        self.say, self.ours = say, {}
+
+    def host(self, client_line: str) -> Host:
+        from nnsight_repro.ndif import config, stack
+
+        line = CLIENT_LINES[client_line]
+        cfg = config.default(line=line.stack, server=line.server)
+        if stack.ensure_up(cfg, say=self.say):
+            self.ours[cfg.netns] = cfg
+        return Host(cfg.api_url, None, cfg)
+
+    def down(self) -> None:
+        from nnsight_repro.ndif import netns, stack
+
+        for cfg in self.ours.values():
+            if netns.exists(cfg.netns):
+                self.say(f"bringing the local {cfg.line} stack down (this run brought it up)")
+                stack.down(cfg)
+
+
+def local_server(host: Host) -> Optional[dict]:
+    if host.local_cfg is None:
+        return None
+    from nnsight_repro.ndif import stack
+
+    state = stack.read_state(host.local_cfg) or {}
+    return {"ndif": state.get("ndif"), "line": state.get("line"), "server": state.get("server"),
+            "nnsight": state.get("server_nnsight"), "netns": state.get("netns")}
+
+
+def serving_order(chosen: List[str]) -> List[str]:
+    """Client lines grouped by the stack that serves them, so each local stack comes up once."""
+    first_seen = {}
+    for name in chosen:
+        first_seen.setdefault((CLIENT_LINES[name].stack, CLIENT_LINES[name].server), len(first_seen))
+    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].stack, CLIENT_LINES[n].server)])
+
+
+# Running ---------------------------------------------------------------------------------------------
+
+def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
+    """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs."""
+    env = envs.ensure(CLIENT_LINES[client_line].env)
+    # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
+    client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT, input=json.dumps(probes),
+                           what=f"the {client_line} probe client in the {env.name!r} environment")
+    observed: Dict[str, dict] = {}
+    context: dict = {}
+    trail: Dict[str, List[str]] = {}
+    died = None
+    while True:
+        try:
+            event = client.next()
+        except channel.ChannelError as exc:
+            died = exc
+            break
+        if event is None:
+            break
+        probe_id = event.get("probe")
+        if event.get("event") == "start":
+            trail[probe_id] = []
+            say(f"{probe_id}: started")
+        elif event.get("event") == "status":
+            trail.setdefault(probe_id, []).append(event["status"])
+            say(f"{probe_id}: {event['status']}")
+        elif event.get("event") == "done":
+            result = event["observed"]
+            result["statuses"] = trail.get(probe_id, [])
+            observed[probe_id] = result
+            say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
+        elif event.get("event") == "context":
+            context = {"client": event["client"], "server_env": event["server_env"]}
+    returncode = client.process.wait()
+    stderr_tail = client.stderr_tail(15)
+    client.close()
+    for probe in probes:
+        if probe["id"] not in observed:
+            # The client died before reaching this probe: that is its observation.
+            observed[probe["id"]] = {"status": "error", "error": "ClientDied",
+                                     "message": f"the {client_line} client exited with code {returncode} "
+                                                f"before this probe finished"
+                                                + (f" ({died.reason})" if died else ""),
+                                     "client_stderr_tail": stderr_tail,
+                                     "seconds": 0.0, "statuses": trail.get(probe["id"], [])}
+            say(f"{probe['id']}: ClientDied (exit {returncode})")
+    return observed, context
+
+
+def unreachable(probes: List[dict], why: str) -> Dict[str, dict]:
+    return {p["id"]: {"status": "error", "error": "HostUnreachable", "message": why, "seconds": 0.0,
+                      "statuses": []} for p in probes}
+
+
+def table(rows: List[dict]) -> str:
+    headers = ["probe", "expected", "observed", "match", "s"]
+    body = [[r["id"], describe(r["expected"]), headline(r["observed"], 90),
+             "yes" if r["matched"] else "NO", str(r["observed"].get("seconds", ""))] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(out)
+
+
+def markdown(record: dict) -> str:
+    ctx, made = record["context"], record["provenance"]
+    server = made["server"]
+    out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
+           f"- made by `{made['command']}` on {made['host']} at {made['date']}",
+           f"- server: {server['url']} ({server['kind']}; {server['generation']})",
+           f"- local server: {json.dumps(server.get('local'))}",
+           f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
+           f"- all matched: **{record['all_matched']}**", "",
+           "| probe | isolates | expected | observed | match | s |", "|---|---|---|---|---|---|"]
+    for r in record["probes"]:
+        o = r["observed"]
+        seen = headline(o)
+        out.append(f"| {r['id']} | {r['declaration']['isolates']} | {describe(r['expected'])} | "
+                   f"{seen.replace('|', '/')} | {'yes' if r['matched'] else '**NO**'} | {o.get('seconds', '')} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="probe_ndif.py", description="Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.")
+    parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
+    parser.add_argument("--line", default=",".join(CLIENT_LINES),
+                        help=f"client line(s), comma-separated (default: all): {', '.join(CLIENT_LINES)}")
+    parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(f"[probe_ndif] {message}", flush=True)
+
+    command = provenance.command_line()
+
+    def refuse(message: str, code: int) -> int:
+        # Refused before any request, and recorded like a run: the refusal is the outcome.
+        print(f"probe_ndif: error: {message}", file=sys.stderr)
+        fsutil.write_text(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
+            {"refused": message, "exit_code": code,
+             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line})},
+            indent=1) + "\n")
+        return code
+
+    try:
+        chosen = parse_lines(args.line)
+        probes = load_probes(args.probes)
+    except ProbeFileError as exc:
+        return refuse(str(exc), EXIT_BAD_INPUT)
+
+    url = args.host or os.environ.get("NDIF_HOST")
+    api_key = os.environ.get("NDIF_API_KEY")
+    given = Host(url, api_key) if url else None
+    local = LocalStacks(say)
+    exit_code = 0
+    try:
+        for client_line in serving_order(chosen):
+            started = time.perf_counter()
+            try:
+                host = given or local.host(client_line)
+            except Exception as exc:  # the local stack did not come up: that is every probe's outcome
+                host = Host("(local NDIF stack)", None)
+                why = f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}"
+            else:
+                why = host.reachable()
+                why = why and f"NDIF host {host.url} is unreachable: {why}"
+            say(f"client line {client_line} ({CLIENT_LINES[client_line].shows}) -> {host.url} ({host.kind})")
+            if why:
+                say(why)
+                observed, context = unreachable(probes, why), {}
+            else:
+                observed, context = run_line(client_line, probes, host, say)
+            rows = []
+            for probe in probes:
+                expected = probe["expect"][client_line]
+                rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
+                             "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
+            all_matched = all(r["matched"] for r in rows)
+            record = {
+                "client_line": client_line, "all_matched": all_matched, "probes": rows,
+                "seconds": round(time.perf_counter() - started, 3),
+                "context": {"pairing": CLIENT_LINES[client_line].shows, **context},
+                "provenance": provenance.record(
+                    command,
+                    versions={"client": context.get("client") or {},
+                              "server": (context.get("server_env") or {}).get("packages")
+                              or (local_server(host) or {}).get("nnsight") or {}},
+                    server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
+                            "generation": server_generation(client_line) if not given else "as the host reports",
+                            # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
+                            "local": local_server(host)},
+                    details={"probe_file": str(args.probes)}),
+            }
+            target = args.out / f"{client_line}-{provenance.stamp()}.json"
+            fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
+            fsutil.write_text(target.with_suffix(".md"), markdown(record))
+            print(table(rows), flush=True)
+            say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
+            if not all_matched:
+                exit_code = EXIT_MISMATCH
+    finally:
+        local.down()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
