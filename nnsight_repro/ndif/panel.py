@@ -7,7 +7,7 @@ and final hidden states read) and ``write`` (the first layer's output written, t
 compared by the client with the same trace run locally, and writes ``results/ndif_<line>/panel.json`` and
 ``panel.md``: one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
 the server built (from the model actors' own records, :mod:`built_log`) and the provenance
-(:func:`nnsight_repro.verify.provenance`, as the verify report records it).
+(:func:`nnsight_repro.provenance.record`, the one record every results file carries).
 
 Pairings (:data:`PAIRINGS`): on 0.8, nnsight 0.8.1 against ndif 0.1.2; on 0.7, the patched client against
 the stock server (what the public NDIF runs), and the stock client against it as the negative control,
@@ -33,9 +33,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, envs
+from .. import ROOT, envs, fsutil, provenance
 from .. import models as panel_models
-from .. import verify
 from . import config, deploy, negative_control, netns, server_env, stack
 
 FLAVOUR = ("multimolecule",)
@@ -226,12 +225,13 @@ def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None]
 
 def markdown(report: dict) -> str:
     p = report["provenance"]
-    d = p["details"]
+    d, server = p["details"], p["server"]
+    clients = [name for name, _ in PAIRINGS[report["line"]]]
     lines = [f"# The panel on a live NDIF server, nnsight {report['line']} line", "",
-             f"`{p['command']}` on {p['host']}, {p['date']}; server {d['server']['env']} "
-             f"(ndif {d['server'].get('ndif')}, nnsight {d['server'].get('nnsight')}, multimolecule "
-             f"{d['server'].get('multimolecule')}); clients: "
-             + ", ".join(f"{name} (nnsight {v.get('nnsight')})" for name, v in d["clients"].items()) + ".", "",
+             f"`{p['command']}` on {p['host']}, {p['date']}; server {server['env']} "
+             f"(ndif {server.get('ndif')}, nnsight {server.get('nnsight')}, multimolecule "
+             f"{server.get('multimolecule')}); clients: "
+             + ", ".join(f"{name} (nnsight {p['versions'][name].get('nnsight')})" for name in clients) + ".", "",
              f"Tolerance against the local float32 trace: {d['tolerance']}. "
              f"Deployed on demand, {report['batch_size']} models per cold stack.", "",
              "| model | client | role | trace | ok | as expected | max abs diff | server built | reason |",
@@ -263,15 +263,18 @@ def summary(rows: List[dict]) -> dict:
             "models": sorted({r["model"] for r in rows})}
 
 
-def report_for(line: str, result: dict, argv: List[str], batch: int) -> dict:
+def report_for(line: str, result: dict, command: str, batch: int, started: str) -> dict:
     server = server_env.ensure(build=False, line=line, extras=FLAVOUR)
     packages = envs.reported_versions(server)
+    versions = {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]}
+    versions[server.name] = packages
+    served = {"kind": "local NDIF stack", "line": line, "env": server.name, "env_digest": server.stamp["digest"],
+              "flavour": list(FLAVOUR),
+              **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
+              "note": ("PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; not the "
+                       "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"}
     details = {
-        "server": {"env": server.name, "env_digest": server.stamp["digest"], "flavour": list(FLAVOUR),
-                   **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
-                   "note": ("PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; not the "
-                            "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"},
-        "clients": {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]},
+        "started": started,
         "memory_note": (f"{batch} models per cold stack, each batch's stack down before the next comes up; the "
                         f"stack's resident memory after each batch's traces is in `batches`"),
         "tolerance": ("0, bit-identical: the server computes in float32" if line == "0.8" else
@@ -279,7 +282,8 @@ def report_for(line: str, result: dict, argv: List[str], batch: int) -> dict:
                       f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
                       f"remote_client.BF16_ATOL)"),
     }
-    return {"line": line, "provenance": verify.provenance(argv, details=details), "batch_size": batch,
+    return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
+            "batch_size": batch,
             "summary": summary(result["rows"]), "rows": result["rows"], "batches": result["batches"]}
 
 
@@ -303,17 +307,15 @@ def main(argv=None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown) or '(none given)'}; the panel has: {', '.join(known)}")
     if args.batch < 1:
         parser.error(f"--batch must be at least 1, not {args.batch}")
-    command = ["python3 -m nnsight_repro ndif panel", *argv]
-    written = []
+    command = provenance.command_line(argv, program="python3 -m nnsight_repro ndif panel")
     try:
         for line in args.line or ["0.8", "0.7"]:
+            started = provenance.date()
             result = run_line(line, names, args.batch)
-            report = report_for(line, result, command, args.batch)
+            report = report_for(line, result, command, args.batch, started)
             out = Path(args.out_root) / f"ndif_{line}"
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "panel.json").write_text(json.dumps(report, indent=1) + "\n")
-            (out / "panel.md").write_text(markdown(report))
-            written.append(out / "panel.json")
+            fsutil.write_text(out / "panel.json", json.dumps(report, indent=1) + "\n")
+            fsutil.write_text(out / "panel.md", markdown(report))
             s = report["summary"]
             print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
                   f"{s['required_ok']}/{s['required']}; negative control as predicted "
