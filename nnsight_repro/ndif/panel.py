@@ -142,7 +142,8 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
                                           for v in points.values())
             row.update(ok="error" not in record and within, max_abs_diff=max(diffs) if diffs else None,
                        client_ok=record.get("ok"), client_atol=record.get("atol"), key=record.get("key"),
-                       built_class=built.get(record.get("key")), seconds=record.get("seconds"), points=points)
+                       built_class=built.get(record.get("key")), seconds=record.get("seconds"), points=points,
+                       socket_race_retries=record.get("socket_race_retries", []))
             if trace == "write":
                 row["write_changes_local_logits"] = record.get("write_changes_local_logits")
                 row["ok"] = row["ok"] and bool(record.get("write_changes_local_logits"))
