@@ -44,7 +44,7 @@ CHECKS: List[str] = ["synthesized_classes", "serializer_round_trip", "remote_loc
 #: Checks run only when named: each costs a fresh interpreter (shared by all models of one run).
 EXTRA_CHECKS: List[str] = ["rebuild_without_package"]
 #: Names ``--models`` accepts for a whole panel.
-PANEL_ALIASES = {"panel": lambda: list(models.PANEL), "rna": lambda: list(models.extended())[len(models.PANEL):],
+PANEL_ALIASES = {"panel": lambda: list(models.PANEL), "rna": lambda: list(models.RNA_PANEL),
                  "all": lambda: list(models.extended())}
 
 

@@ -45,7 +45,7 @@ SCHEMA = "nnsight-repro/verify/3"
 VERSIONED = ("python", "nnsight", "torch", "transformers", "tokenizers")
 
 #: The files whose behaviour the check routine is; their digest is recorded with every report.
-CHECK_ROUTINE_FILES = ("checks.py", "rebuild_key.py", "models.py", "panel_rna.py", "lines.py")
+CHECK_ROUTINE_FILES = ("checks.py", "rebuild_key.py", "models.py", "lines.py")
 
 
 # Before anything runs --------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The RNA/protein panel (nnsight_repro.panel_rna) through the check routine, in every environment.
+"""The RNA/protein panel (nnsight_repro.models.RNA_PANEL) through the check routine, in every environment.
 
 The records come from the session's local verify (tests/verify_fixture.py), which runs every model
 and check once per environment (main, patched, upstream-0.8): multimolecule is imported once per
@@ -9,9 +9,9 @@ environment and AntiBERTy's real weights are loaded once. Every outcome is compa
 
 import pytest
 
-from nnsight_repro import checks, panel_rna, verify
+from nnsight_repro import checks, models, verify
 
-PANEL = list(panel_rna.RNA_PANEL)
+PANEL = list(models.RNA_PANEL)
 ENVS = ("main", "patched", "upstream-0.8")
 
 
@@ -25,7 +25,7 @@ def outcomes(records, env_name: str, names) -> dict:
 
 
 def predicted(env_name: str, names) -> dict:
-    return {(n, c): checks.expected_ok(panel_rna.RNA_PANEL[n], c, fixed=env_name != "main")
+    return {(n, c): checks.expected_ok(models.RNA_PANEL[n], c, fixed=env_name != "main")
             for n in names for c in checks.CHECKS + checks.EXTRA_CHECKS}
 
 
@@ -41,8 +41,8 @@ def test_fixed_lines_pass_every_panel_model(records, env_name):
 
 def test_the_nine_are_the_multimolecule_models_the_release_cannot_send(records):
     failing = {n for n in PANEL if not records["main"]["models"][n]["remote_local"]["ok"]}
-    assert failing == set(panel_rna.THE_NINE) | {"antiberty"}
-    assert len(panel_rna.THE_NINE) == 9 and "rnamsm" not in panel_rna.THE_NINE
+    assert failing == set(models.THE_NINE) | {"antiberty"}
+    assert len(models.THE_NINE) == 9 and "rnamsm" not in models.THE_NINE
 
 
 @pytest.mark.parametrize("env_name", ["patched", "upstream-0.8"])
@@ -50,7 +50,7 @@ def test_multimolecule_models_need_multimolecule_where_rebuilt(records, env_name
     for name in PANEL:
         result = records[env_name]["models"][name]["rebuild_without_package"]
         assert result["packages_imported"] == [], result
-        assert result["needs_package_where_rebuilt"] is bool(panel_rna.RNA_PANEL[name].requires), (name, result)
+        assert result["needs_package_where_rebuilt"] is bool(models.RNA_PANEL[name].requires), (name, result)
 
 
 def test_panel_numbers_are_identical_on_main_patched_and_08(records):

@@ -22,7 +22,6 @@ WRITTEN_BEFORE_THE_RECORD = {
     "results/ndif_0.7/negative_control.json",
     "results/ndif_feasibility/main-20261201T051046Z.json",
     "results/ndif_feasibility/upstream-0.8-20261201T051300Z.json",
-    "results/verify/local-20261201-005836.json",
     "results/zoo/zoo.json",
 }
 
