@@ -56,7 +56,7 @@ def mint(names: List[str], client: str = CLIENT_ENV) -> Dict[str, dict]:
 
 
 #: The sources a minted key and a saved model's path depend on, besides the client environment.
-_MINT_SOURCES = ["models.py", "panel_rna.py", "lines.py", "checks.py", "ndif/remote_client.py"]
+_MINT_SOURCES = ["models.py", "lines.py", "checks.py", "ndif/remote_client.py"]
 
 
 def _mint_digest(client: str) -> str:
