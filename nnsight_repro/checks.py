@@ -38,7 +38,7 @@ import traceback
 import warnings
 from typing import Callable, Dict, List
 
-from . import channel, models
+from . import channel, models, paths
 
 CHECKS: List[str] = ["synthesized_classes", "serializer_round_trip", "remote_local", "remote_key", "embedding_shift"]
 #: Checks run only when named: each costs a fresh interpreter (shared by all models of one run).
@@ -281,7 +281,7 @@ def rebuild_job(subject: Subject) -> list:
 
 def rebuild_without_package(jobs: List[list]) -> Dict[str, dict]:
     """One fresh interpreter rebuilds every queued key (starting one costs seconds: nnsight, transformers)."""
-    where = os.environ.get("NNSIGHT_REPRO_ENV") or sys.prefix
+    where = paths.setting("ENV") or sys.prefix
     # A module of its own (nnsight_repro.rebuild_key), so the rebuild imports only nnsight and transformers.
     found = channel.run_one([sys.executable, "-m", "nnsight_repro.rebuild_key"], input=json.dumps(jobs),
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=600,
@@ -335,7 +335,7 @@ def environment() -> dict:
     from . import lines
 
     return {
-        "env": os.environ.get("NNSIGHT_REPRO_ENV", ""),
+        "env": paths.setting("ENV", ""),
         "line": lines.current().name,
         "python": platform.python_version(),
         "nnsight": version("nnsight"),

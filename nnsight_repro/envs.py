@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from . import ROOT, channel, fsutil, series, uvtool
+from . import ROOT, channel, fsutil, paths, series, uvtool
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
@@ -174,8 +174,8 @@ class Env:
         env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
         env.update({
             "PYTHONPATH": str(ROOT),
-            "NNSIGHT_REPRO_ENV": self.name,
-            "NNSIGHT_REPRO_CACHE": str(cache_dir()),
+            paths.variable("ENV"): self.name,
+            paths.variable("CACHE"): str(cache_dir()),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -473,7 +473,7 @@ def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = No
     from concurrent.futures import ThreadPoolExecutor
 
     if parallel is None:
-        parallel = int(os.environ.get("NNSIGHT_REPRO_BUILD_PARALLEL", "1"))
+        parallel = int(paths.setting("BUILD_PARALLEL", "1"))
     names = list(jobs)
     done: Dict[str, Env] = {}
     if names:

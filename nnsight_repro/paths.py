@@ -1,16 +1,45 @@
-"""Where the project keeps what it builds: one cache shared by every checkout.
+"""Where the project keeps what it builds, and every ``NNSIGHT_REPRO_*`` variable it reads: one cache
+shared by every checkout, and one table of settings.
 
-``NNSIGHT_REPRO_CACHE`` overrides the location (CI and tests may point it at a
-scratch directory). Stdlib only: environments are built before anything else
-is installed.
+Stdlib only: environments are built before anything else is installed. Every module reads a setting
+through :func:`setting` (and names a variable it sets for a child through :func:`variable`), so the
+table below is the whole list.
 """
 
 import os
 from pathlib import Path
 
+#: Each setting (its variable is ``NNSIGHT_REPRO_<NAME>``) and what it does.
+SETTINGS = {
+    "CACHE": "the project cache (default ~/.cache/nnsight-repro); CI and tests may point it at a scratch folder",
+    "ENV": "set by the project in every process of an environment: that environment's name",
+    "TEST_ENV": "tests/nnsight_env.py: the environment a plain pytest runs the suite in (default patched)",
+    "RESULT_FILE": "set by a parent for its child: the file the child's result channel appends to",
+    "BUILD_PARALLEL": "how many environments are built side by side after the first (default 1)",
+    "OFFLINE": "build environments from the uv cache alone, never touching the network",
+    "UV": "a uv binary to use instead of the pinned release the first build installs",
+    "PATCHES": "the patches folder (default <repo>/patches); a test points it at an emptied series",
+    "ZOO_INJECT": "zoo tests: segfault=<unit>,hang=<unit> makes a worker die or hang at that unit",
+    "NDIF_BUILT_LOG": "set by a stack for its server processes: where each model actor records what it built",
+    "NDIF_<SERVICE>_PORT": "a local NDIF stack's port for <SERVICE> (API, REDIS, S3, ...)",
+}
+
+
+def variable(name: str) -> str:
+    """The environment variable of the setting ``name``."""
+    known = name in SETTINGS or (name.startswith("NDIF_") and name.endswith("_PORT"))
+    if not known:
+        raise KeyError(f"{name!r} is not a setting of nnsight_repro.paths.SETTINGS")
+    return f"NNSIGHT_REPRO_{name}"
+
+
+def setting(name: str, default=None):
+    """The value of the setting ``name`` in this process's environment, or ``default``."""
+    return os.environ.get(variable(name)) or default
+
 
 def cache_dir() -> Path:
-    configured = os.environ.get("NNSIGHT_REPRO_CACHE")
+    configured = setting("CACHE")
     if configured:
         return Path(configured).expanduser().resolve()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

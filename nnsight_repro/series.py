@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-from . import ROOT
+from . import ROOT, paths
 
 #: ``NNSIGHT_REPRO_PATCHES`` points elsewhere, e.g. at an emptied series to
 #: show that the negative control then fails.
-PATCHES = Path(os.environ.get("NNSIGHT_REPRO_PATCHES") or ROOT / "patches").resolve()
+PATCHES = Path(paths.setting("PATCHES") or ROOT / "patches").resolve()
 
 
 class SeriesError(Exception):

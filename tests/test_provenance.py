@@ -20,8 +20,6 @@ WRITTEN_BEFORE_THE_RECORD = {
     "results/benchmarks/bench_verify-20261201.json",
     "results/benchmarks/setup.json",
     "results/ndif_0.7/negative_control.json",
-    "results/ndif_feasibility/main-20261201T051046Z.json",
-    "results/ndif_feasibility/upstream-0.8-20261201T051300Z.json",
     "results/zoo/zoo.json",
 }
 

@@ -25,7 +25,7 @@ import time
 import traceback
 import warnings
 
-from nnsight_repro import channel, lines, models
+from nnsight_repro import channel, lines, models, paths
 from nnsight_repro.ndif import socket_race
 
 LINE = lines.current()
@@ -221,7 +221,7 @@ def main() -> int:
                                for n in ("nnsight", "transformers", "torch", "multimolecule")}}
     except Exception as exc:
         remote = {"error": f"{type(exc).__name__}: {exc}"}
-    emit(event="context", client={"line": LINE.name, "env": os.environ.get("NNSIGHT_REPRO_ENV"),
+    emit(event="context", client={"line": LINE.name, "env": paths.setting("ENV"),
                                   "python": sys.version.split()[0],
                                   **client_packages(["nnsight", "transformers", "torch", "multimolecule"])},
          server_env=remote)
