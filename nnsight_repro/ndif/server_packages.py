@@ -37,8 +37,10 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List
 
+from ..paths import variable
+
 #: The variable that tells a server process what to import before it builds a model (set by :func:`environ`).
-IMPORTS_VARIABLE = "NNSIGHT_REPRO_NDIF_SERVER_IMPORTS"
+IMPORTS_VARIABLE = variable("NDIF_SERVER_IMPORTS")
 
 
 @dataclass(frozen=True)
