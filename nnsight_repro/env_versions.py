@@ -11,7 +11,7 @@ import os
 
 from nnsight_repro import channel
 
-NAMES = ["nnsight", "torch", "transformers", "ndif"]
+NAMES = ["nnsight", "torch", "transformers", "ndif", "multimolecule"]
 
 
 def main() -> None:

@@ -113,3 +113,29 @@ def ndif07_stock(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ndif07_patched(tmp_path_factory):
     return _everything_against_07("patched", tmp_path_factory.mktemp("probes-07-patched"))
+
+
+#: What CI traces on each line's multimolecule flavour: an RNA model (multimolecule) and AntiBERTy (real
+#: weights, from the antiberty wheel). The full panel is `python3 -m nnsight_repro ndif panel`.
+CI_PANEL = ["rnabert", "antiberty"]
+
+
+def _multimolecule_batch(line: str) -> dict:
+    """:data:`CI_PANEL` through the same code as the panel command (:func:`nnsight_repro.ndif.panel.run_batch`):
+    a cold stack of the line's multimolecule flavour (a folder and namespace of its own, so a plain stack of
+    the line can stay up beside it), every pairing of the line, the stack down again on return."""
+    from nnsight_repro.ndif import panel
+
+    result = panel.run_batch(line, CI_PANEL, 1)
+    result["by"] = {(r["model"], r["client"], r["trace"]): r for r in result["rows"]}
+    return result
+
+
+@pytest.fixture(scope="session")
+def ndif08_multimolecule():
+    return _multimolecule_batch("0.8")
+
+
+@pytest.fixture(scope="session")
+def ndif07_multimolecule():
+    return _multimolecule_batch("0.7")

@@ -236,3 +236,52 @@ def test_stack_that_dies_mid_run_is_reported_and_down_cleans_up(scratch_stack):
     assert set(started.values()) - {started["api"]} <= set(report["killed"])
     for pid in started.values():
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+# The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
+# A cold 0.8 stack of its own (`--with multimolecule`), run through the panel command's code
+# (fixture ndif08_multimolecule in tests/ndif_fixture.py); it is down again before these assertions run.
+
+#: What the server must build for each: the masked LM the key's task names (RNABERT exists for transformers
+#: only after `import multimolecule` in the server process that builds it).
+MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMaskedLM"}
+
+
+@pytest.mark.parametrize("trace", ["read", "write"])
+@pytest.mark.parametrize("model", sorted(MULTIMOLECULE_BUILT))
+def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_local(ndif08_multimolecule, model, trace):
+    row = ndif08_multimolecule["by"][(model, "upstream-0.8", trace)]
+    assert row["ok"] and row["max_abs_diff"] == 0.0, row
+    assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
+    assert json.loads(row["key"].split(":", 1)[1])["task"] == "fill-mask", row["key"]
+    if trace == "read":
+        assert row["read_points"] == ["first_layer: output", "final_hidden: output"], row
+    else:
+        assert row["write_changes_local_logits"], row
+
+
+def test_antiberty_runs_with_its_real_weights(ndif08_multimolecule):
+    # The packaged AntiBERTy (antiberty==0.1.3's trained_models): hidden size 512, not a tiny random model's 32.
+    row = ndif08_multimolecule["by"][("antiberty", "upstream-0.8", "read")]
+    assert row["points"]["first_layer"]["shape"][-1] == 512, row["points"]
+
+
+def test_multimolecule_flavour_builds_in_its_own_environment_and_leaves_nothing(ndif08_multimolecule):
+    built = ndif08_multimolecule["built"]
+    assert {b["module_class"] for b in built} == set(MULTIMOLECULE_BUILT.values()), built
+    env = str(server_env.path("0.8", ("multimolecule",))) + "/"
+    assert all(b["nnsight_file"].startswith(env) for b in built), built
+    assert ndif08_multimolecule["memory"]["stack_rss_mib"] > 0
+    assert not ndif08_multimolecule["netns_left_after_down"]
+
+
+def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_refused():
+    flavoured, plain = config.default(extras=["multimolecule"]), config.default()
+    assert flavoured.folder != plain.folder and flavoured.netns != plain.netns
+    assert flavoured.environ(Path("/x/bin"))["NNSIGHT_REPRO_NDIF_SERVER_IMPORTS"] == "multimolecule"
+    assert "NNSIGHT_REPRO_NDIF_SERVER_IMPORTS" not in plain.environ(Path("/x/bin"))
+    with pytest.raises(config.ConfigError, match="Unknown server flavour.*foo.*`--with` takes: multimolecule"):
+        config.default(extras=["foo"])
+    result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--with", "foo"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "invalid choice: 'foo'" in result.stderr, result.stderr

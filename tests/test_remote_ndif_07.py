@@ -208,3 +208,49 @@ def test_status_and_down_of_a_07_stack_that_is_not_running_say_so():
     assert result.returncode == 1 and "not running" in result.stdout, result.stdout
     report = stack.down(config.default(line="0.7"), say=lambda m: None)
     assert report["deleted_netns"] is False
+
+
+# The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
+# A cold stock 0.7 stack of its own (`--with multimolecule`), run through the panel command's code
+# (fixture ndif07_multimolecule in tests/ndif_fixture.py); it is down again before these assertions run.
+# Without the flavour the same RNABERT request fails to provision: the probes declare and check that
+# (scripts/ndif_feasibility/probes.toml, rnabert-masked-lm, against the plain stacks).
+
+MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMaskedLM"}
+
+
+@pytest.mark.parametrize("trace", ["read", "write"])
+@pytest.mark.parametrize("model", sorted(MULTIMOLECULE_BUILT))
+def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_server(ndif07_multimolecule, model, trace):
+    row = ndif07_multimolecule["by"][(model, "patched", trace)]
+    assert row["ok"], row
+    assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
+    assert key_fields(row["key"])["automodel"] == "AutoModelForMaskedLM"
+    for point in row["points"].values():
+        # bfloat16 on the server; within five bf16 units at the value's own magnitude (panel.tolerance).
+        assert point["dtype"] == "torch.bfloat16" and point["max_abs_diff"] <= point["tolerance"], row["points"]
+    if trace == "read":
+        assert row["read_points"][0] == "first_layer: nns_output", row
+    else:
+        assert row["write_changes_local_logits"], row
+
+
+def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_bugs_predict(ndif07_multimolecule):
+    by = ndif07_multimolecule["by"]
+    for trace in ("read", "write"):
+        # No automodel in the stock key: RNABERT asked for as AutoModelForCausalLM, which it has not.
+        rna = by[("rnabert", "main", trace)]
+        assert not rna["ok"] and "error provisioning the model deployment" in rna["reason"], rna
+        assert "automodel" not in key_fields(rna["key"]) and rna["built_class"] is None, rna
+        # AntiBERTy becomes BertLMHeadModel, and its request cannot load: the envoy bug.
+        anti = by[("antiberty", "main", trace)]
+        assert not anti["ok"] and HOOKED_OUTPUT in anti["reason"], anti
+        assert anti["built_class"] == "BertLMHeadModel", anti
+        assert rna["as_expected"] and anti["as_expected"]
+
+
+def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing(ndif07_multimolecule):
+    env = str(cache_dir() / "envs" / "ndif-server-0.7+multimolecule") + "/"
+    built = ndif07_multimolecule["built"]
+    assert built and all(b["nnsight_file"].startswith(env) for b in built), built
+    assert not ndif07_multimolecule["netns_left_after_down"]

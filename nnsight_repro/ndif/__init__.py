@@ -9,6 +9,9 @@ anything else on the machine.
 Modules, one concept each:
 
 - ``server_env``: the cached venv each generation's server runs in (and the Debian ``redis-server`` it needs);
+- ``server_packages``: server flavours (``--with multimolecule``): the packages a flavour's server environment
+  adds, and where its server processes import them;
+- ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack``);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
 - ``config``: the generations, ports, folders and the environment every server process gets;
 - ``adaptations_0_1_2``: the only code that runs *inside* the 0.1.2 server: the CPU model actor and the
@@ -19,10 +22,11 @@ Modules, one concept each:
 - ``remote_client``: what a remote test runs, in a client environment of the stack's line inside the namespace;
 - ``socket_race``: the one client-side transport fault a remote trace is sent again for, and the retry;
 - ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;
+- ``panel``: every panel model traced remotely on each line's multimolecule flavour (``ndif panel``);
 - ``probe``: a stdlib HTTP GET run inside the namespace (the host cannot reach its loopback);
 - ``feasibility``: the probes of ``scripts/ndif_feasibility/probe_ndif.py``: declarations, runner, client;
 - ``ray_clients``: Ray clients connecting to the stack's Ray as ndif's API does, run inside the namespace;
-- ``cli``: ``nnsight-repro ndif up|down|status [--line 0.7]`` and ``negative-control``.
+- ``cli``: ``nnsight-repro ndif up|down|status [--line 0.7] [--with multimolecule]``, ``negative-control`` and ``panel``.
 
 Importing this package imports nothing: the adaptations modules are loaded in the server environment
 (by Ray workers; 0.0.1's by every server process, through a generated ``sitecustomize``), everything

@@ -18,7 +18,7 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A1] ``JobStatus.NNSIGHT_ERROR`` alias (every process): 0.0.1 reads it on every response.
 - [A2] deserialize with 0.7.0's signature and zstd (model actor ``pre``).
 - [A3] import whitelist additions while unpickling: ``nnsight.intervention.serialization``,
-  ``transformers.*``, ``__future__`` (model actor ``pre``).
+  ``transformers.*``, ``__future__``, and a flavour's packages (``multimolecule.*``) (model actor ``pre``).
 - [A4] builtins kept while unpickling (model actor ``pre``).
 - [A5] nnsight's own unpickler instead of 0.0.1's 0.5-API one (``.root``), which also turns 0.0.1's
   protection of the model's modules off (model actor ``__init__``).
@@ -30,6 +30,9 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A11] ``ndif deploy`` asks the Hub for a model key (not code: the controller's own ``NDIF_DEPLOYMENTS``
   deploys GPT-2 at start under an explicit key, and every other key deploys on its first request).
 - [A12] ``/status`` never wedged by a trigger sent before the queue dispatcher listens (dispatcher).
+- [A13] a flavour's packages (``--with multimolecule``) imported by the controller and the model actor before
+  they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`; not by the
+  other server processes, which build none).
 - Not code either: redis-py 7.1 (8.x's 5 s socket timeout breaks the dispatcher's blocking reads),
   the undeclared imports (Prometheus/Loki/Influx clients, psutil, accelerate) in
   ``pins/ndif-server-0.7.txt``; moto as the S3 store (0.0.1 sends every result through it); ndif's
@@ -44,8 +47,6 @@ module (through ``sitecustomize``), Ray's CLI and dashboard processes included.
 from __future__ import annotations
 
 import importlib.abc
-import json
-import os
 import sys
 import threading
 import time
@@ -164,6 +165,14 @@ DESERIALIZATION_ADDITIONS = [("nnsight.intervention.serialization", True), ("tra
 EXECUTION_ADDITIONS = [("nnsight.intervention.tracing.globals", True)]
 
 
+def _flavour_modules():
+    """[A3] A flavour's packages (``--with multimolecule``), with their submodules: a request for one of its
+    models carries the model's config class from that package."""
+    from nnsight_repro.ndif import server_packages
+
+    return [(module, False) for module in server_packages.imported()]
+
+
 def _whitelist(base, additions):
     from src.ray.nn.security.protected_environment import WhitelistedModule
 
@@ -171,20 +180,10 @@ def _whitelist(base, additions):
 
 
 def _record_built(model_key: str, model) -> None:
-    """One JSON line per model this actor built: the evidence of which class a key became."""
-    import nnsight
+    """One JSON line per model this actor built (:mod:`nnsight_repro.ndif.built_log`)."""
+    from nnsight_repro.ndif import built_log
 
-    record = {"model_key": model_key, "wrapper": type(model).__name__,
-              "automodel": getattr(getattr(model, "automodel", None), "__name__", None),
-              "module_class": type(model._module).__name__,
-              "dtype": str(next(model._module.parameters()).dtype),
-              "nnsight": getattr(nnsight, "__version__", None),
-              "nnsight_file": os.path.realpath(nnsight.__file__), "pid": os.getpid(), "time": time.time()}
-    print(f"[nnsight-repro] BUILT {json.dumps(record)}", flush=True)
-    where = os.environ.get("NNSIGHT_REPRO_NDIF_BUILT_LOG")
-    if where:
-        with open(where, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+    built_log.record(model_key, model)
 
 
 _classes = {}
@@ -239,6 +238,9 @@ def _define_cpu_model_actor():
         # [A9] The stock load calls torch.cuda.synchronize() before and after loading ("Torch not
         # compiled with CUDA enabled"). Same load through the same nnsight call, without those.
         def load_from_disk(self):
+            from nnsight_repro.ndif import server_packages
+
+            server_packages.import_for_models()  # [A13]
             started = time.time()
             model = load_with_cache_deletion_retry(lambda: RemoteableMixin.from_model_key(
                 self.model_key, device_map="auto", dispatch=self.dispatch, torch_dtype=self.dtype,
@@ -269,7 +271,8 @@ def _define_cpu_model_actor():
             raw = self.request.request
             if isinstance(raw, ray.ObjectRef):
                 raw = ray.get(raw)
-            with sandbox.Protector(_whitelist(sandbox.WHITELISTED_MODULES_DESERIALIZATION, DESERIALIZATION_ADDITIONS)):
+            with sandbox.Protector(_whitelist(sandbox.WHITELISTED_MODULES_DESERIALIZATION,
+                                              DESERIALIZATION_ADDITIONS + _flavour_modules())):
                 request = RequestModel.deserialize(raw, self.model._remoteable_persistent_objects(),
                                                    bool(self.request.zlib))
             self.respond(status=BackendResponseModel.JobStatus.RUNNING, description="Your job has started running.")
@@ -322,6 +325,10 @@ def app(**kwargs) -> None:
         def __init__(self, *args, **kwargs):
             from src.ray.deployments.controller.cluster import deployment
 
+            from nnsight_repro.ndif import server_packages
+
+            # [A13] Its evaluator builds every model it deploys on the meta device from the key, to size it.
+            server_packages.import_for_models()
             deployment.ModelActor = cpu_model_actor()
             super().__init__(*args, **kwargs)
 

@@ -11,6 +11,8 @@ Selected by the stack's environment (:mod:`nnsight_repro.ndif.config`):
   on CPU torch, so the node would be skipped and no model ever placed. We advertise fake GPUs.
 - ``NDIF_DEFAULT_MODEL_ACTOR_CLASS`` -> :class:`CPUModelActor`.
 - ``NDIF_CONTROLLER_IMPORT_PATH`` -> :class:`ControllerActor`.
+- A flavour's packages (``--with multimolecule``): imported by the controller and the model actor before
+  they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`).
 - Offline Hub (not code): models are deployed from local paths with an explicit ``model_key``
   (see :mod:`nnsight_repro.ndif.deploy`), because ``ndif deploy`` would otherwise canonicalize the id
   through ``HfApi().model_info()``.
@@ -33,6 +35,8 @@ from ndif.services.ray.deployments.modeling.base import BaseModelDeployment
 from nnsight.modeling.huggingface import HuggingFaceModel
 from nnsight.modeling.mixins.remotable import Remotable
 
+from . import built_log, server_packages
+
 logger = logging.getLogger("nnsight_repro.ndif")
 
 
@@ -50,11 +54,13 @@ class CPUModelActor(BaseModelDeployment):
     CACHEABLE = False
 
     def load_from_disk(self) -> HuggingFaceModel:
+        server_packages.import_for_models()
         started = time.time()
         model = HuggingFaceModel.from_model_key(
             self.model_key, dispatch=True, dtype=self.dtype_name, device="cpu", **self.kwargs)
         model._module.requires_grad_(False)
         logger.info(f"Loaded {self.model_key} on the CPU in {time.time() - started:.1f} s")
+        built_log.record(self.model_key, model)
         return model
 
     def cleanup(self) -> None:
@@ -100,4 +106,6 @@ class ControllerActor(_ControllerActor):
 
     def __init__(self, *args, **kwargs):
         bridge_trust_remote_code()
+        # Its evaluator builds every model it deploys on the meta device from the key, to size it.
+        server_packages.import_for_models()
         super().__init__(*args, **kwargs)

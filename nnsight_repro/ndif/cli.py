@@ -1,5 +1,6 @@
-"""``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]]`` (also ``python3 -m
-nnsight_repro.ndif``): thin over :mod:`stack`. Without ``--line``, the 0.8 stack."""
+"""``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]] [--with multimolecule]`` and
+``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack`. Without ``--line``, the 0.8
+stack; ``--with`` names a server flavour (:mod:`server_packages`), a stack of its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import sys
 
 from .. import envs
-from . import config, deploy, netns, stack
+from . import config, deploy, netns, server_packages, stack
 
 
 def _print_status(report: dict) -> None:
@@ -17,6 +18,7 @@ def _print_status(report: dict) -> None:
     else:
         state = report.get("state") or {}
         flavour = f", {state['server']} nnsight on the server" if state.get("line") == "0.7" else ""
+        flavour += "".join(f", with {name}" for name in state.get("with") or ())
         print(f"{report['line']} stack (ndif {state.get('ndif', '?')}{flavour}) running in namespace {report['netns']} "
               f"since {state.get('started', '?')} (phase: {state.get('phase', '?')}); "
               f"API {report['api_url']} inside it: {report.get('api')}")
@@ -43,6 +45,9 @@ def main(argv=None) -> int:
     def stack_options(command):
         command.add_argument("--line", default="0.8", choices=sorted(config.GENERATIONS),
                              help="the nnsight line the stack serves (default 0.8)")
+        command.add_argument("--with", dest="extras", action="append", default=[], choices=sorted(server_packages.FLAVOURS),
+                             help="a server flavour: its packages installed in the server environment and imported "
+                                  "where models are built (nnsight_repro/ndif/server_packages.py); a stack of its own")
         return command
 
     u = stack_options(sub.add_parser("up", help="start the stack, deploy the models, wait until they are HOT"))
@@ -60,25 +65,32 @@ def main(argv=None) -> int:
                         "-> results/ndif_0.7/negative_control.json")
     if argv is None:
         argv = sys.argv[1:]
+    sub.add_parser("panel", add_help=False,
+                   help="every panel model traced remotely on the multimolecule flavour "
+                        "-> results/ndif_<line>/panel.json (+ .md)")
     if argv and argv[0] == "negative-control":
         from . import negative_control
 
         return negative_control.main(argv[1:])
+    if argv and argv[0] == "panel":
+        from . import panel
+
+        return panel.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
             if args.line == "0.8" and args.server != "stock":
                 parser.error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
-            cfg = config.default(line=args.line, server=args.server)
+            cfg = config.default(line=args.line, server=args.server, extras=args.extras)
             models = None if args.models is None else [m for m in args.models.split(",") if m]
             state = stack.up(cfg, models=models)
             print(f"up: API {state['api_url']} in namespace {state['netns']}; run clients with "
                   f"`ip netns exec {state['netns']} ...` and NDIF_HOST={state['api_url']}")
             print("timings: " + ", ".join(f"{k} {v}" for k, v in state["timings"].items()))
         elif args.action == "down":
-            stack.down(config.default(line=args.line))
+            stack.down(config.default(line=args.line, extras=args.extras))
         else:
-            report = stack.status(config.default(line=args.line))
+            report = stack.status(config.default(line=args.line, extras=args.extras))
             if args.json:
                 print(json.dumps(report, indent=1))
             else:

@@ -31,6 +31,7 @@ from typing import Dict, Optional
 
 from .. import ROOT
 from ..paths import cache_dir
+from . import server_packages
 
 class ConfigError(Exception):
     """The stack's settings contradict each other; the message names the setting."""
@@ -133,6 +134,8 @@ class StackConfig:
     #: Which generation (by the nnsight line it serves), and for 0.7 which nnsight the server runs.
     line: str = "0.8"
     server: str = "stock"
+    #: Server flavours adding packages (``--with multimolecule``; :mod:`server_packages`), sorted, no repeats.
+    extras: tuple = ()
 
     @property
     def generation(self) -> Generation:
@@ -195,7 +198,7 @@ class StackConfig:
 
     @property
     def built_log(self) -> Path:
-        """0.0.1 only: one JSON line per model a model actor built (key, wrapper, class, nnsight)."""
+        """One JSON line per model a model actor built (key, wrapper, class, nnsight; :mod:`built_log`)."""
         return self.logs / "built.jsonl"
 
     # Checks ------------------------------------------------------------------
@@ -203,6 +206,13 @@ class StackConfig:
     def validate(self) -> None:
         """Every port distinct and none of Ray's: otherwise a service would find its port taken."""
         gen = self.generation
+        try:
+            canonical = tuple(f.name for f in server_packages.flavours(self.extras))
+        except server_packages.FlavourError as exc:
+            raise ConfigError(str(exc)) from None
+        if canonical != tuple(self.extras):
+            raise ConfigError(f"extras {self.extras!r} must be sorted and without repeats ({canonical!r}); "
+                              f"config.default() canonicalizes them.")
         if self.server not in gen.servers:
             raise ConfigError(f"server {self.server!r} is not a flavour of the {gen.line} stack; "
                               f"it has: {', '.join(gen.servers)}.")
@@ -274,9 +284,12 @@ class StackConfig:
                 {"GPU": self.gpus, "CPU": 8, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
+            # Where the CPU model actor records what it built (built_log).
+            "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
         }
         if role == "ray":
             env.update(RAY_ENV)
+        env.update(server_packages.environ(self.extras))
         env.update(self.extra_env)
         return env
 
@@ -338,6 +351,7 @@ class StackConfig:
             env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS
         else:
             env.update(RAY_ENV)
+        env.update(server_packages.environ(self.extras))
         env.update(self.extra_env)
         return env
 
@@ -350,10 +364,19 @@ def service_root(venv_bin: Path) -> Path:
     return lib / "python3" / "site-packages" / "src" / "services"
 
 
-def default(folder: Optional[Path] = None, line: str = "0.8", **overrides) -> StackConfig:
+def default(folder: Optional[Path] = None, line: str = "0.8", extras=(), **overrides) -> StackConfig:
     """The project's stack of ``line``: ``<cache>/ndif`` (0.8) or ``<cache>/ndif-0.7``, ports overridable
-    through ``NNSIGHT_REPRO_NDIF_*_PORT``."""
+    through ``NNSIGHT_REPRO_NDIF_*_PORT``.
+
+    A flavoured stack (``extras``, e.g. ``("multimolecule",)``) has a folder of its own
+    (``<cache>/ndif+multimolecule``), so its own namespace, state and minted keys: asking for one never
+    finds, reuses or stops a plain stack of the same line, and the other way round.
+    """
     gen = generation(line)
+    try:
+        extras = tuple(f.name for f in server_packages.flavours(extras))
+    except server_packages.FlavourError as exc:
+        raise ConfigError(str(exc)) from None
     overrides.setdefault("gpus", gen.gpus)
     for service in ("redis", "s3", "api"):
         value = os.environ.get(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT")
@@ -362,4 +385,5 @@ def default(folder: Optional[Path] = None, line: str = "0.8", **overrides) -> St
                 overrides[f"{service}_port"] = int(value)
             except ValueError:
                 raise ConfigError(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT={value!r} is not a port number.") from None
-    return StackConfig(folder=folder or cache_dir() / gen.folder_name, line=line, **overrides)
+    name = "+".join([gen.folder_name, *extras])
+    return StackConfig(folder=folder or cache_dir() / name, line=line, extras=extras, **overrides)

@@ -163,7 +163,8 @@ def case_write(name: str, atol: float = 0.0) -> dict:
     same_shape = remote.shape == local.shape
     diff = float((remote.float() - local).abs().max()) if same_shape else None
     return {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(), "atol": atol,
-            "logits": {"shape": list(remote.shape), "dtype": str(remote.dtype), "max_abs_diff": diff},
+            "logits": {"shape": list(remote.shape), "dtype": str(remote.dtype), "max_abs_diff": diff,
+                       "max_abs_local": float(local.abs().max())},
             "write_changes_local_logits": not bool((local == unwritten).all()),
             "ok": diff is not None and diff <= atol}
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from .. import envs
+from . import server_packages
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ def log(message: str) -> None:
     print(f"[ndif-env] {message}", file=sys.stderr, flush=True)
 
 
+def env_name(line: str = "0.8", extras: tuple = ()) -> str:
+    """The server environment's name: the generation's, plus ``+flavour`` for each flavour (``ndif-server+multimolecule``)."""
+    return "+".join([server_spec(line).name, *(f.name for f in server_packages.flavours(extras))])
+
+
 def server_spec(line: str = "0.8") -> ServerSpec:
     try:
         return SERVERS[line]
@@ -100,12 +106,14 @@ def ndif_wheel(line: str = "0.8") -> Path:
     return envs.download(spec.wheel, spec.wheel_sha256, ["--ignore-requires-python", f"ndif=={spec.ndif}"])
 
 
-def inputs(line: str = "0.8") -> dict:
+def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
     spec = server_spec(line)
     client = envs.spec(spec.client_env)
     # The 0.8 server's inputs are exactly what they were before the 0.7 generation existed, so its
-    # cached environment keeps its digest.
-    return {
+    # cached environment keeps its digest; a plain server's are what they were before flavours existed.
+    flavoured = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest()
+                 for f in server_packages.flavours(extras)}
+    return {**({"with_pins_sha256": flavoured} if flavoured else {}),
         "recipe": RECIPE,
         "ndif": spec.ndif,
         "ndif_wheel_sha256": spec.wheel_sha256,
@@ -119,27 +127,33 @@ def inputs(line: str = "0.8") -> dict:
     }
 
 
-def path(line: str = "0.8") -> Path:
-    return envs.env_dir(server_spec(line).name)
+def path(line: str = "0.8", extras: tuple = ()) -> Path:
+    return envs.env_dir(env_name(line, extras))
 
 
-def ensure(build: bool = True, line: str = "0.8") -> envs.Env:
-    """The server environment of ``line``, built if missing, half-built or built from other inputs."""
+def ensure(build: bool = True, line: str = "0.8", extras: tuple = ()) -> envs.Env:
+    """The server environment of ``line`` (with the packages of the flavours in ``extras``), built if
+    missing, half-built or built from other inputs."""
     spec = server_spec(line)
-    how = "python3 -m nnsight_repro ndif up" + ("" if line == "0.8" else f" --line {line}")
-    return envs.cached(spec.name, path(line), lambda: inputs(line),
-                       lambda where, wanted, digest: _build(spec, where, wanted, digest),
+    name = env_name(line, extras)
+    how = ("python3 -m nnsight_repro ndif up" + ("" if line == "0.8" else f" --line {line}")
+           + "".join(f" --with {f.name}" for f in server_packages.flavours(extras)))
+    return envs.cached(name, path(line, extras), lambda: inputs(line, extras),
+                       lambda where, wanted, digest: _build(spec, name, extras, where, wanted, digest),
                        build=build, how_to_build=how)
 
 
-def _build(spec: ServerSpec, where: Path, wanted: dict, digest: str) -> None:
-    step = envs.stepper(spec.name, where / "build.log")
+def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict, digest: str) -> None:
+    step = envs.stepper(name, where / "build.log")
     client = envs.spec(spec.client_env)
     pins = envs.PINS / spec.pins
     wheel = ndif_wheel("0.8" if spec is SERVERS["0.8"] else "0.7")
     nnsight_sdist = envs.sdist(client.nnsight, client.sdist_sha256)
+    flavours = server_packages.flavours(extras)
     python = envs.make_venv(step, where)
-    envs.install_pins(step, python, pins)
+    # A flavour's packages in the same resolution as the generation's pins: one consistent environment,
+    # as a serving image built with them would be.
+    envs.install_pins(step, python, pins, extra=[a for f in flavours for a in ("-r", str(envs.PINS / f.pins))])
     # --python-version only moves ndif's declared Requires-Python check (>= 3.12) out of the way, for this
     # one pure-Python wheel installed without dependencies.
     envs.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
@@ -152,13 +166,14 @@ def _build(spec: ServerSpec, where: Path, wanted: dict, digest: str) -> None:
         envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
                      "--no-deps", "--reinstall-package", "nnsight", str(built))
     envs.compile_bytecode(step, python)
+    imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
     installed = step("checking the install", [python, "-c", (
-        f"import importlib.metadata as m, {spec.imports}\n"
+        f"import importlib.metadata as m, {imports}\n"
         "print(m.version('ndif'), m.version('nnsight'))")]).split()
     if installed != [spec.ndif, client.nnsight]:
-        raise envs.EnvError(f"Building {spec.name!r}: installed ndif/nnsight report {installed}, "
+        raise envs.EnvError(f"Building {name!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[spec.ndif, client.nnsight]}.")
-    envs.write_stamp(where, spec.name, digest, wanted, envs.freeze(step, python))
+    envs.write_stamp(where, name, digest, wanted, envs.freeze(step, python))
 
 
 def status(line: str = "0.8") -> dict:

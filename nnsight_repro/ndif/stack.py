@@ -277,9 +277,10 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     if models is None:
         models = deploy.SERVED_07 if cfg.line == "0.7" else deploy.SERVED
     cfg.validate()
-    unknown = [name for name in models if name not in panel.PANEL]
+    known = panel.extended()
+    unknown = [name for name in models if name not in known]
     if unknown:
-        raise StackError(f"Unknown model(s) {', '.join(unknown)}; the panel has: {', '.join(panel.PANEL)}.")
+        raise StackError(f"Unknown model(s) {', '.join(unknown)}; the panel has: {', '.join(known)}.")
     with _exclusive(cfg):
         running = read_state(cfg)
         if netns.exists(cfg.netns):
@@ -294,11 +295,11 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
 
         def phase(message: str) -> None:
             # One line per phase of the start, so a minute-long cold start is never silent.
-            say(f"{cfg.line} stack ({cfg.server}): {message} (+{time.monotonic() - t0:.1f} s)")
+            say(f"{cfg.line} stack ({cfg.server}{''.join(' +' + e for e in cfg.extras)}): {message} (+{time.monotonic() - t0:.1f} s)")
 
         timings = {}
         phase("checking the server and client environments")
-        env = server_env.ensure(line=cfg.line)
+        env = server_env.ensure(line=cfg.line, extras=cfg.extras)
         server_env.redis_server()
         for client in cfg.generation.clients:
             envs.ensure(client)
@@ -322,7 +323,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
         state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
                  "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
-                 "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server,
+                 "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server, "with": list(cfg.extras),
                  "ndif": cfg.generation.ndif}
         if cfg.line == "0.7":
             # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
@@ -673,7 +674,7 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
                         timeout: float = 600) -> List[dict]:
     """``parallel`` loops of ``count`` Ray clients connecting to the running stack's Ray as its API does
     (``ray_clients.py``, inside the namespace): every attempt's record, ``loop`` added."""
-    env = server_env.ensure(build=False, line=cfg.line)
+    env = server_env.ensure(build=False, line=cfg.line, extras=cfg.extras)
     argv = netns.command(cfg.netns, [str(env.python), "-m", "nnsight_repro.ndif.ray_clients",
                                      configuration.RAY_CLIENT_ADDRESS, str(count)])
     loops = [channel.start(argv, env=cfg.environ(env.path / "venv" / "bin", role="api"), cwd=ROOT,
@@ -696,7 +697,7 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
 
 
 def built_models(cfg: configuration.StackConfig) -> List[dict]:
-    """0.0.1: what the model actors built, one record per model load, oldest first (``logs/built.jsonl``)."""
+    """What the model actors built, one record per model load, oldest first (``logs/built.jsonl``, :mod:`built_log`)."""
     try:
         text = cfg.built_log.read_text()
     except OSError:
@@ -707,7 +708,7 @@ def built_models(cfg: configuration.StackConfig) -> List[dict]:
 def inline_cap(cfg: Optional[configuration.StackConfig] = None) -> int:
     """The largest result the server hands back inline (ndif derives it from our Redis's pubsub limits)."""
     cfg = cfg or configuration.default()
-    env = server_env.ensure(build=False)
+    env = server_env.ensure(build=False, extras=cfg.extras)
     try:
         found = channel.run_one(netns.command(cfg.netns, [str(env.python), "-m", "nnsight_repro.ndif.server_facts",
                                                           "inline-cap"]),

@@ -1,0 +1,331 @@
+"""The whole panel on a live server: every panel model traced with ``remote=True`` on the multimolecule flavour.
+
+``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--models a,b] [--batch N] [--out-root DIR]`` runs, per
+line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
+masked LMs, AntiBERTy with its packaged weights) through :mod:`remote_client`'s ``trace`` (first encoder layer
+and final hidden states read) and ``write`` (the first layer's output written, the logits read) cases, each
+compared by the client with the same trace run locally, and writes ``results/ndif_<line>/panel.json`` and
+``panel.md``: one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
+the server built (from the model actors' own records, :mod:`built_log`) and the provenance
+(:func:`nnsight_repro.provenance.record`, the one record every results file carries).
+
+Pairings (:data:`PAIRINGS`): on 0.8, nnsight 0.8.1 against ndif 0.1.2; on 0.7, the patched client against
+the stock server (what the public NDIF runs), and the stock client against it as the negative control,
+whose every failure is checked against what the envoy or the key bug predicts (:func:`predicted`).
+
+Deployed on demand, in batches (:data:`BATCH`): each batch gets a cold stack of its own, which is brought down
+before the next one comes up, so the stack never holds more than one batch's model actors (each actor is a
+process with torch, nnsight and multimolecule imported; the stack's memory after every batch is recorded). On
+0.8 each model of a batch is deployed through ``ndif deploy``, one at a time, so a model the server cannot build
+is recorded with the server's reason and the next one still deploys; on 0.7 the server deploys a key on its
+first request, and a model it cannot build fails that request with the server's reason.
+
+Stdlib only: runs on the host; the clients and the server run in their environments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .. import ROOT, envs, fsutil, provenance
+from .. import models as panel_models
+from . import config, deploy, negative_control, netns, server_env, stack
+
+FLAVOUR = ("multimolecule",)
+
+#: (client environment, role) per line; the server is always the line's stock server with multimolecule.
+PAIRINGS: Dict[str, List[tuple]] = {
+    "0.8": [("upstream-0.8", "required")],
+    "0.7": [("patched", "required"), ("main", "negative control")],
+}
+
+#: Tolerance of a remote value against the local float32 one, by line (the clients' ``atol``). 0.1.2 computes
+#: in float32 (``NDIF_DEFAULT_DTYPE``) on the same CPU torch, so a remote value must be the local one exactly;
+#: 0.0.1 computes in bfloat16 (the negative control's tolerance; why 0.08: remote_client.BF16_ATOL).
+ATOL = {"0.8": 0.0, "0.7": negative_control.ATOL}
+
+#: remote_client.BF16_ATOL is five bfloat16 units in the last place at the tiny models' largest magnitudes
+#: (2-4: 5 x 2^-6). AntiBERTy's real weights give logits up to ~34, where one unit is 2^-2: the same five
+#: units there are 1.25 (its write's logits came back 0.169 from float32, measured). So on 0.7 a value
+#: is within tolerance when it is within five units at its own largest local magnitude, never less than
+#: 0.08; a rebuilt-as-another-class model still moves values by O(magnitude).
+BF16_UNITS = 5
+
+
+def tolerance(line: str, max_abs_local: Optional[float]) -> float:
+    """How far a remote value whose local float32 values reach ``max_abs_local`` may be from them."""
+    if line == "0.8" or not max_abs_local:
+        return ATOL[line]
+    # bfloat16 keeps 8 significant bits: one unit in the last place at magnitude m is 2^(floor(log2 m) - 7).
+    return max(ATOL[line], BF16_UNITS * 2.0 ** (math.floor(math.log2(max_abs_local)) - 7))
+
+#: Models per cold stack. Measured on this machine (2 cores, 24 GiB): see the report's ``batches``.
+BATCH = 4
+
+TRACES = {"read": "trace", "write": "write"}
+
+HOOKED_OUTPUT = "name 'hooked_output' is not defined"
+PROVISIONING = "error provisioning the model deployment"
+
+
+def _say(message: str) -> None:
+    print(f"[panel] {message}", file=sys.stderr, flush=True)
+
+
+def cases(names: List[str], line: str) -> List[str]:
+    return [f"{kind}:{name}:{ATOL[line]}" for name in names for kind in TRACES.values()]
+
+
+#: Model classes whose family transformers can also build as AutoModelForCausalLM (BERT: BertLMHeadModel).
+#: ESM has none, and none of the ten multimolecule families registers one (their ``__init__`` never calls
+#: ``AutoModelForCausalLM.register``; in multimolecule 0.2.2 only HyenaDNA and ProGen2 do).
+CAUSAL_LM_FAMILIES = ("Bert",)
+
+
+def predicted(name: str, client: str) -> dict:
+    """What a pairing should give for a model: ``ok`` for the required pairings and the decoder; for the stock
+    0.7 client's encoders, the failure that comes first. Its key carries no ``automodel`` (the key bug), so the
+    server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to provision; a BERT
+    becomes BertLMHeadModel, and then its request fails to load with the envoy bug's ``hooked_output``
+    NameError (its layers have ``output`` children)."""
+    entry = panel_models.get(name)
+    if client != "main" or not entry.encoder:
+        return {"outcome": "ok"}
+    if entry.model_class.startswith(CAUSAL_LM_FAMILIES) and entry.has_output_child:
+        return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
+    return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+
+
+def stack_memory(cfg: config.StackConfig) -> dict:
+    """Resident memory of every process in the stack's namespace, and what the machine has left (MiB)."""
+    rss = 0
+    for pid in netns.pids(cfg.netns):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1])
+        except OSError:
+            pass  # exited since it was listed
+    available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemAvailable:")), 0)
+    return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024,
+            "processes": len(netns.pids(cfg.netns))}
+
+
+def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
+             deploy_failure: Optional[str], batch: int) -> List[dict]:
+    out = []
+    for trace, kind in TRACES.items():
+        case = f"{kind}:{name}:{ATOL[line]}"
+        record = by_case.get(case)
+        row = {"model": name, "line": line, "client": client, "role": role, "server": "stock+multimolecule",
+               "trace": trace, "batch": batch, "expected": predicted(name, client)}
+        if deploy_failure is not None:
+            row.update(ok=False, max_abs_diff=None, built_class=None, error="DeployError", reason=deploy_failure)
+        elif record is None:
+            row.update(ok=False, max_abs_diff=None, built_class=None, error="NoRecord",
+                       reason=f"the client sent no record for {case}")
+        else:
+            points = {k: {f: v.get(f) for f in ("max_abs_diff", "dtype", "shape", "max_abs_local")}
+                      for k, v in record.items() if isinstance(v, dict) and "max_abs_diff" in v}
+            for point in points.values():
+                point["tolerance"] = tolerance(line, point["max_abs_local"])
+            diffs = [v["max_abs_diff"] for v in points.values() if v["max_abs_diff"] is not None]
+            # The client's error is final; its values are judged here, each at its own magnitude (tolerance()).
+            within = bool(points) and all(v["max_abs_diff"] is not None and v["max_abs_diff"] <= v["tolerance"]
+                                          for v in points.values())
+            row.update(ok="error" not in record and within, max_abs_diff=max(diffs) if diffs else None,
+                       client_ok=record.get("ok"), client_atol=record.get("atol"), key=record.get("key"),
+                       built_class=built.get(record.get("key")), seconds=record.get("seconds"), points=points,
+                       socket_race_retries=record.get("socket_race_retries", []))
+            if trace == "write":
+                row["write_changes_local_logits"] = record.get("write_changes_local_logits")
+                row["ok"] = row["ok"] and bool(record.get("write_changes_local_logits"))
+            if trace == "read":
+                row["read_points"] = record.get("read_points")
+            if "error" in record:
+                message = record.get("message", "")
+                row.update(error=record.get("error"), reason=message[-1500:],
+                           **({"stack_problems": record["stack_problems"]} if "stack_problems" in record else {}))
+        expected = row["expected"]
+        row["as_expected"] = (row["ok"] if expected["outcome"] == "ok" else
+                              not row["ok"] and expected["message"] in (row.get("reason") or ""))
+        out.append(row)
+    return out
+
+
+def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say) -> dict:
+    """One cold stack of ``line`` (multimolecule flavour): ``names`` deployed on demand and traced by every
+    pairing's client; the stack is down again on return, also after a failure."""
+    cfg = config.default(line=line, extras=FLAVOUR)
+    if netns.exists(cfg.netns):
+        say(f"a {line} multimolecule stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
+        stack.down(cfg)
+    deploy_failures: Dict[str, str] = {}
+    by_client: Dict[str, Dict[str, dict]] = {}
+    started = time.monotonic()
+    try:
+        state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
+        deployable = list(names)
+        if line == "0.8":
+            env = server_env.ensure(build=False, line=line, extras=cfg.extras)
+            minted = stack.minted_keys(cfg, names)
+            for name in names:
+                say(f"batch {number}: deploying {name}")
+                try:
+                    stack.deploy_models(cfg, env, {name: minted[name]})
+                except deploy.DeployError as exc:
+                    deploy_failures[name] = str(exc)
+                    say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
+            deployable = [name for name in names if name not in deploy_failures]
+        for client, _role in PAIRINGS[line]:
+            if not deployable:
+                break
+            say(f"batch {number}: {client} client: {', '.join(deployable)}")
+            try:
+                by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
+            except stack.StackError as exc:
+                # The client or the stack died (memory, say): every case of this client is reported with it.
+                by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
+                                     for case in cases(deployable, line)}
+        memory = stack_memory(cfg)
+        built_records = stack.built_models(cfg)
+        timings = state.get("timings", {})
+    except stack.StackError as exc:
+        # The stack did not come up (or died between clients): the batch's models all carry the reason.
+        say(f"batch {number}: {exc}")
+        memory, built_records, timings = {}, [], {}
+        for client, _role in PAIRINGS[line]:
+            by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
+                                          for case in cases(names, line)})
+    finally:
+        stack.down(cfg, say=lambda m: None)
+    built = {b["model_key"]: b["module_class"] for b in built_records}
+    rows = [row for name in names for client, role in PAIRINGS[line]
+            for row in _records(name, client, role, line, by_client.get(client, {}), built,
+                                deploy_failures.get(name), number)]
+    return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
+            "stack_timings": timings, "built": built_records, "rows": rows,
+            "netns_left_after_down": netns.exists(cfg.netns)}
+
+
+def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say) -> dict:
+    batches = [names[i:i + batch] for i in range(0, len(names), batch)]
+    results = []
+    for number, chunk in enumerate(batches, 1):
+        say(f"{line}: batch {number}/{len(batches)}: {', '.join(chunk)}")
+        results.append(run_batch(line, chunk, number, say))
+    return {"batches": results, "rows": [row for result in results for row in result["rows"]]}
+
+
+def markdown(report: dict) -> str:
+    p = report["provenance"]
+    d, server = p["details"], p["server"]
+    clients = [name for name, _ in PAIRINGS[report["line"]]]
+    lines = [f"# The panel on a live NDIF server, nnsight {report['line']} line", "",
+             f"`{p['command']}` on {p['host']}, {p['date']}; server {server['env']} "
+             f"(ndif {server.get('ndif')}, nnsight {server.get('nnsight')}, multimolecule "
+             f"{server.get('multimolecule')}); clients: "
+             + ", ".join(f"{name} (nnsight {p['versions'][name].get('nnsight')})" for name in clients) + ".", "",
+             f"Tolerance against the local float32 trace: {d['tolerance']}. "
+             f"Deployed on demand, {report['batch_size']} models per cold stack.", "",
+             "| model | client | role | trace | ok | as expected | max abs diff | server built | reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        reason = (row.get("reason") or "").strip().splitlines()
+        diff = "" if row.get("max_abs_diff") is None else f"{row['max_abs_diff']:.4g}"
+        lines.append(f"| {row['model']} | {row['client']} | {row['role']} | {row['trace']} | "
+                     f"{'yes' if row['ok'] else 'no'} | {'yes' if row['as_expected'] else '**no**'} | {diff} | "
+                     f"{row.get('built_class') or ''} | {(reason[-1] if reason else '')[:120].replace('|', '/')} |")
+    lines += ["", "| batch | models | seconds | stack RSS MiB | machine available MiB |", "|---|---|---|---|---|"]
+    for b in report["batches"]:
+        m = b["memory"]
+        lines.append(f"| {b['batch']} | {', '.join(b['models'])} | {b['seconds']} | {m.get('stack_rss_mib', '')} | "
+                     f"{m.get('machine_available_mib', '')} |")
+    s = report["summary"]
+    lines += ["", f"{s['records']} records; {s['as_expected']} as expected; required pairings ok: "
+                  f"{s['required_ok']}/{s['required']}; negative control failing as predicted: "
+                  f"{s['negative_as_predicted']}/{s['negative']}.", ""]
+    return "\n".join(lines)
+
+
+def summary(rows: List[dict]) -> dict:
+    required = [r for r in rows if r["role"] == "required"]
+    negative = [r for r in rows if r["role"] == "negative control"]
+    return {"records": len(rows), "as_expected": sum(r["as_expected"] for r in rows),
+            "required": len(required), "required_ok": sum(r["ok"] for r in required),
+            "negative": len(negative), "negative_as_predicted": sum(r["as_expected"] for r in negative),
+            "models": sorted({r["model"] for r in rows})}
+
+
+def report_for(line: str, result: dict, command: str, batch: int, started: str) -> dict:
+    server = server_env.ensure(build=False, line=line, extras=FLAVOUR)
+    packages = envs.reported_versions(server)
+    versions = {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]}
+    versions[server.name] = packages
+    served = {"kind": "local NDIF stack", "line": line, "env": server.name, "env_digest": server.stamp["digest"],
+              "flavour": list(FLAVOUR),
+              **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
+              "note": ("PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; not the "
+                       "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"}
+    details = {
+        "started": started,
+        "memory_note": (f"{batch} models per cold stack, each batch's stack down before the next comes up; the "
+                        f"stack's resident memory after each batch's traces is in `batches`"),
+        "tolerance": ("0, bit-identical: the server computes in float32" if line == "0.8" else
+                      f"the server computes in bfloat16: {BF16_UNITS} bfloat16 units at each value's largest local "
+                      f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
+                      f"remote_client.BF16_ATOL)"),
+    }
+    return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
+            "batch_size": batch,
+            "summary": summary(result["rows"]), "rows": result["rows"], "batches": result["batches"]}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="nnsight-repro ndif panel",
+                                     description="Every panel model traced with remote=True on the multimolecule "
+                                                 "flavour of the local NDIF stack(s).")
+    parser.add_argument("--line", choices=sorted(PAIRINGS), action="append",
+                        help="the nnsight line (repeatable; default both)")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated panel models (default all: {','.join(panel_models.extended())})")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"models per cold stack (default {BATCH})")
+    parser.add_argument("--out-root", default=str(ROOT / "results"),
+                        help="results root: writes <root>/ndif_<line>/panel.json and panel.md")
+    args = parser.parse_args(argv)
+    known = panel_models.extended()
+    names = list(known) if args.models is None else [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in known]
+    if unknown or not names:
+        parser.error(f"unknown model(s) {', '.join(unknown) or '(none given)'}; the panel has: {', '.join(known)}")
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1, not {args.batch}")
+    command = provenance.command_line(argv, program="python3 -m nnsight_repro ndif panel")
+    try:
+        for line in args.line or ["0.8", "0.7"]:
+            started = provenance.date()
+            result = run_line(line, names, args.batch)
+            report = report_for(line, result, command, args.batch, started)
+            out = Path(args.out_root) / f"ndif_{line}"
+            fsutil.write_text(out / "panel.json", json.dumps(report, indent=1) + "\n")
+            fsutil.write_text(out / "panel.md", markdown(report))
+            s = report["summary"]
+            print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
+                  f"{s['required_ok']}/{s['required']}; negative control as predicted "
+                  f"{s['negative_as_predicted']}/{s['negative']} -> {out / 'panel.json'}")
+    except (stack.StackError, config.ConfigError, netns.NetnsError, envs.EnvError, deploy.DeployError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

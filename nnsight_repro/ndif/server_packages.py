@@ -1,0 +1,102 @@
+"""Server flavours that add packages: what a serving image installs, and where the server imports it.
+
+A flavour is a name given to ``ndif up --with NAME`` (:attr:`nnsight_repro.ndif.config.StackConfig.extras`).
+Today there is one, ``multimolecule``: the RNA/codon models of multimolecule 0.2.2 exist for transformers only
+after ``import multimolecule`` (it registers their ``model_type`` with ``AutoConfig`` and the task Auto
+classes; the checkpoints carry no ``auto_map``), so a server that rebuilds them from a model key must have
+the package installed *and imported* wherever a model is built.
+
+How, in one place:
+
+- **installed**: the flavour's pins file (``pins/ndif-server-multimolecule.txt``) is resolved together with
+  the generation's own pins into a server environment of its own (``ndif-server+multimolecule``,
+  ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports.
+- **imported**: every server process gets ``NNSIGHT_REPRO_NDIF_SERVER_IMPORTS`` (:func:`environ`), and the two
+  kinds of process that build a model from a key call :func:`import_for_models` before they do: the
+  controller (both generations size a model by building it on the meta device from its key: 0.1.2's
+  evaluator through ``describe_checkpoint``, 0.0.1's through ``from_model_key``) and the model actor that
+  loads it. Both are ours already (``adaptations_0_1_2``, ``adaptations_0_0_1``). Not a ``.pth`` or
+  ``sitecustomize`` import: that would cost every server process (Ray's dashboard, its agents, the API's
+  workers) multimolecule's ~10 s and ~570 MB import, for nothing.
+- **allowed in a request**: a request for a flavour's model carries that model's config class
+  (``multimolecule.models.rnabert.configuration_rnabert``), and ndif 0.0.1 unpickles a request under an import
+  whitelist ("Module multimolecule.models.rnabert.configuration_rnabert is not whitelisted", measured): its
+  adaptations add the imported packages to that whitelist, with their submodules ([A3], :func:`imported`).
+  ndif 0.1.2 has no such whitelist.
+
+Stdlib only: the host reads :data:`FLAVOURS`, and server processes call :func:`import_for_models` before
+anything else of theirs is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, List
+
+from ..paths import variable
+
+#: The variable that tells a server process what to import before it builds a model (set by :func:`environ`).
+IMPORTS_VARIABLE = variable("NDIF_SERVER_IMPORTS")
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    #: Pins file under ``nnsight_repro/pins`` installed in the same resolution as the generation's pins.
+    pins: str
+    #: Top-level modules imported in every process that builds a model.
+    imports: tuple
+
+
+FLAVOURS: Dict[str, Flavour] = {
+    f.name: f for f in [
+        Flavour("multimolecule", "ndif-server-multimolecule.txt", ("multimolecule",)),
+    ]
+}
+
+
+class FlavourError(ValueError):
+    """An unknown flavour; the message lists the known ones."""
+
+
+def flavours(names: Iterable[str]) -> List[Flavour]:
+    """The named flavours, in a canonical order (so ``--with a,b`` and ``--with b,a`` are one environment)."""
+    unknown = sorted(set(names) - set(FLAVOURS))
+    if unknown:
+        raise FlavourError(f"Unknown server flavour(s) {', '.join(unknown)}; "
+                           f"`--with` takes: {', '.join(FLAVOURS)}.")
+    return [FLAVOURS[name] for name in sorted(set(names))]
+
+
+def environ(names: Iterable[str]) -> Dict[str, str]:
+    """What a server process of these flavours is told to import (nothing for the plain server)."""
+    modules = [module for flavour in flavours(names) for module in flavour.imports]
+    return {IMPORTS_VARIABLE: ",".join(modules)} if modules else {}
+
+
+def imported() -> List[str]:
+    """Server side: the modules this process's flavours import (from :data:`IMPORTS_VARIABLE`)."""
+    return [module for module in os.environ.get(IMPORTS_VARIABLE, "").split(",") if module]
+
+
+_imported: Dict[str, float] = {}
+
+
+def import_for_models() -> Dict[str, float]:
+    """Server side: import what the flavour's models need (once per process); ``{module: seconds}``.
+
+    A module that does not import raises: a flavour's server that cannot build its models must not
+    start as if it could (the controller's or actor's death names the error in Ray's logs).
+    """
+    for module in imported():
+        if module not in _imported:
+            started = time.monotonic()
+            importlib.import_module(module)
+            _imported[module] = round(time.monotonic() - started, 2)
+            print(f"[nnsight-repro] imported {module} for model builds in {_imported[module]} s "
+                  f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    return dict(_imported)

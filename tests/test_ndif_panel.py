@@ -1,0 +1,109 @@
+"""The panel command and the server flavours, offline: what decides a record, and bad input.
+
+The live runs are in tests/test_remote_ndif.py and tests/test_remote_ndif_07.py (their multimolecule
+sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose real run is committed under
+``results/ndif_0.7`` and ``results/ndif_0.8``.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nnsight_repro import ROOT, models
+from nnsight_repro.ndif import panel, server_env, server_packages
+
+
+def test_tolerance_is_exact_on_08_and_five_bf16_units_at_the_values_magnitude_on_07():
+    assert panel.tolerance("0.8", 34.0) == 0.0
+    # The tiny models' magnitudes (2-4) keep the negative control's 0.08; smaller ones never go below it.
+    assert panel.tolerance("0.7", 2.9) == panel.ATOL["0.7"] == 0.08
+    assert panel.tolerance("0.7", 0.3) == 0.08
+    # AntiBERTy's logits (~34): one bf16 unit there is 2^-2.
+    assert panel.tolerance("0.7", 34.06) == 5 * 2 ** -2
+
+
+def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
+    assert panel.predicted("gpt2", "main") == {"outcome": "ok"}
+    for name in models.extended():
+        assert panel.predicted(name, "patched") == {"outcome": "ok"}
+    # BERTs can be rebuilt as BertLMHeadModel, and then fail on the envoy bug; ESM and every multimolecule
+    # family have no causal LM, so the stock key fails to provision first.
+    for name in ("bert-mlm", "bert-base", "antiberty"):
+        assert panel.predicted(name, "main")["bug"] == "envoy"
+    for name in ("esm-mlm", "rnabert", "rnamsm", "calm"):
+        assert panel.predicted(name, "main")["bug"] == "key"
+
+
+def _row(record, line="0.7", trace="read", built=None):
+    kind = panel.TRACES[trace]
+    case = f"{kind}:rnabert:{panel.ATOL[line]}"
+    client = "patched" if line == "0.7" else "upstream-0.8"
+    rows = panel._records("rnabert", client, "required", line, {case: record}, built or {}, None, 1)
+    return {r["trace"]: r for r in rows}[trace]
+
+
+def test_a_record_is_ok_only_within_tolerance_at_every_point_and_without_an_error():
+    point = {"max_abs_diff": 0.05, "dtype": "torch.bfloat16", "shape": [1, 3, 32], "max_abs_local": 3.0}
+    record = {"ok": True, "key": "k", "first_layer": dict(point), "final_hidden": dict(point)}
+    row = _row(record, built={"k": "RnaBertForMaskedLM"})
+    assert row["ok"] and row["built_class"] == "RnaBertForMaskedLM" and row["max_abs_diff"] == 0.05
+    record["final_hidden"]["max_abs_diff"] = 0.2
+    assert not _row(record)["ok"]
+    assert not _row(record, line="0.8")["ok"]
+    failed = {"ok": False, "error": "RemoteException", "message": "Traceback ...\nModule x is not whitelisted"}
+    row = _row(failed)
+    assert not row["ok"] and row["reason"].endswith("not whitelisted") and not row["as_expected"]
+
+
+def test_a_write_that_does_not_change_the_local_logits_is_not_ok():
+    logits = {"max_abs_diff": 0.0, "dtype": "torch.float32", "shape": [1, 3, 32], "max_abs_local": 1.0}
+    record = {"ok": True, "key": "k", "logits": logits, "write_changes_local_logits": False}
+    assert not _row(record, line="0.8", trace="write")["ok"]
+    record["write_changes_local_logits"] = True
+    assert _row(record, line="0.8", trace="write")["ok"]
+
+
+def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():
+    rows = panel._records("rnabert", "upstream-0.8", "required", "0.8", {}, {},
+                          "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)
+    assert [r["trace"] for r in rows] == ["read", "write"]
+    assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "nope"], "unknown model(s) nope; the panel has: bert-mlm"),
+    (["--batch", "0"], "--batch must be at least 1"),
+    (["--line", "0.9"], "invalid choice: '0.9'"),
+])
+def test_panel_command_refuses_bad_input_before_starting_anything(args, message):
+    result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "panel", *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_server_imports_what_its_flavour_names_and_a_missing_package_raises(monkeypatch):
+    monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "colorsys")
+    assert "colorsys" in server_packages.import_for_models()
+    monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "no_such_package_for_nnsight_repro")
+    with pytest.raises(ModuleNotFoundError):
+        server_packages.import_for_models()
+
+
+def test_flavoured_server_environment_has_its_own_name_and_inputs_and_the_plain_one_keeps_its_digest():
+    assert server_env.env_name("0.7", ("multimolecule",)) == "ndif-server-0.7+multimolecule"
+    assert "with_pins_sha256" not in server_env.inputs("0.8")
+    assert set(server_env.inputs("0.8", ("multimolecule",))["with_pins_sha256"]) == {"multimolecule"}
+    with pytest.raises(server_packages.FlavourError, match="`--with` takes: multimolecule"):
+        server_env.env_name("0.8", ("nope",))
+
+
+def test_flavour_pins_add_only_what_neither_server_has():
+    def names(path):
+        return {line.split("==")[0].lower().replace("_", "-") for line in path.read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+
+    extra = names(ROOT / "nnsight_repro" / "pins" / "ndif-server-multimolecule.txt")
+    assert "multimolecule" in extra and "torch" not in extra and "transformers" not in extra
+    assert not extra & names(ROOT / "nnsight_repro" / "pins" / "ndif-server.txt")
