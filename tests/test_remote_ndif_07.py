@@ -55,7 +55,7 @@ def key_fields(key):
 
 def assert_within_bf16_tolerance(record):
     # The server computes in bfloat16 (ndif 0.0.1's default dtype); the local run is float32.
-    # Why 0.08: nnsight_repro/ndif/remote_client.py, BF16_ATOL.
+    # Why 0.08: nnsight_repro/ndif/config.py, BF16_ATOL.
     assert record["ok"], record
     for point in ("first_layer", "final_hidden"):
         assert record[point]["dtype"] == "torch.bfloat16", record

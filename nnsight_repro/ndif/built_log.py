@@ -15,7 +15,9 @@ import json
 import os
 import time
 
-VARIABLE = "NNSIGHT_REPRO_NDIF_BUILT_LOG"
+from .. import paths
+
+VARIABLE = paths.variable("NDIF_BUILT_LOG")
 
 
 def record(model_key: str, model) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
-from .. import ROOT
+from .. import ROOT, paths
 from ..paths import cache_dir
 from . import server_packages
 
@@ -94,6 +94,19 @@ class Generation:
     min_gpus: int
     #: nnsight flavours the server can run (0.0.1: the project's ``patched`` build too).
     servers: tuple = ("stock",)
+    #: How far a remote value may be from the client's local float32 one (see :data:`BF16_ATOL`).
+    atol: float = 0.0
+
+
+#: The 0.7 server's tolerance. ndif 0.0.1 loads every model in bfloat16 and makes it torch's default dtype
+#: (ndif 0.1.2 computes in float32, as set here, on the same CPU torch: bit-identical, 0). bfloat16 keeps 8
+#: significant bits: between 2 and 4, where the tiny panel models' largest layer-normed hidden values lie,
+#: one unit in the last place is 2^-6 = 0.0156, and two layers of bf16 weights, matmuls and norms leave the
+#: tiny BERT's final hidden state 0.037 (2.4 of those units) from float32 (GPT-2: 5e-4). 0.08 is five units
+#: at the largest magnitude: above bf16 noise, far below what a different model gives (BERT rebuilt as
+#: BertLMHeadModel attends causally, which moves every position but the last by O(1)). Values of larger
+#: magnitude get the same five units at their own (``ndif.panel.tolerance``).
+BF16_ATOL = 0.08
 
 
 GENERATIONS: Dict[str, Generation] = {
@@ -106,7 +119,7 @@ GENERATIONS: Dict[str, Generation] = {
         # One session of the negative control deploys up to four keys, so eight leave room.
         Generation("0.7", ndif="0.0.1", server_env="ndif-server-0.7", adaptations="nnsight_repro.ndif.adaptations_0_0_1",
                    clients=("main", "patched"), folder_name="ndif-0.7", netns_prefix="nnsr-ndif07-",
-                   ray_ports=RAY_PORTS_0_0_1, gpus=8, min_gpus=4, servers=("stock", "patched")),
+                   ray_ports=RAY_PORTS_0_0_1, gpus=8, min_gpus=4, servers=("stock", "patched"), atol=BF16_ATOL),
     ]
 }
 
@@ -285,7 +298,7 @@ class StackConfig:
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
             # Where the CPU model actor records what it built (built_log).
-            "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
+            paths.variable("NDIF_BUILT_LOG"): str(self.built_log),
         }
         if role == "ray":
             env.update(RAY_ENV)
@@ -345,7 +358,7 @@ class StackConfig:
             # model actor records what it built.
             "RAY_OVERRIDE_RESOURCES": json.dumps(
                 {"GPU": self.gpus, "CPU": 16, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
-            "NNSIGHT_REPRO_NDIF_BUILT_LOG": str(self.built_log),
+            paths.variable("NDIF_BUILT_LOG"): str(self.built_log),
         }
         if role == "api":
             env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS
@@ -379,11 +392,11 @@ def default(folder: Optional[Path] = None, line: str = "0.8", extras=(), **overr
         raise ConfigError(str(exc)) from None
     overrides.setdefault("gpus", gen.gpus)
     for service in ("redis", "s3", "api"):
-        value = os.environ.get(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT")
+        value = paths.setting(f"NDIF_{service.upper()}_PORT")
         if value and f"{service}_port" not in overrides:
             try:
                 overrides[f"{service}_port"] = int(value)
             except ValueError:
-                raise ConfigError(f"NNSIGHT_REPRO_NDIF_{service.upper()}_PORT={value!r} is not a port number.") from None
+                raise ConfigError(f"{paths.variable(f'NDIF_{service.upper()}_PORT')}={value!r} is not a port number.") from None
     name = "+".join([gen.folder_name, *extras])
     return StackConfig(folder=folder or cache_dir() / name, line=line, extras=extras, **overrides)

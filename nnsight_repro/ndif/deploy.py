@@ -33,19 +33,16 @@ SERVED: List[str] = ["gpt2", "bert-mlm", "esm-mlm"]
 #: deploys on its first request, under the key that client sent (ndif 0.0.1 deploys any key it is sent).
 SERVED_07: List[str] = ["gpt2"]
 
-CLIENT_ENV = "upstream-0.8"
-
-
 class DeployError(Exception):
     """A model could not be deployed; the message names it and says why."""
 
 
-def mint_command(names: List[str], client: str = CLIENT_ENV) -> List[str]:
+def mint_command(names: List[str], client: str) -> List[str]:
     env = envs.ensure(client)
     return [str(env.python), "-m", "nnsight_repro.ndif.remote_client", "mint", "--models", ",".join(names)]
 
 
-def mint(names: List[str], client: str = CLIENT_ENV) -> Dict[str, dict]:
+def mint(names: List[str], client: str) -> Dict[str, dict]:
     """``{name: {path, task, key}}``: each panel model saved, with the key ``client`` sends for it."""
     env = envs.ensure(client)
     try:
@@ -69,7 +66,7 @@ def _mint_digest(client: str) -> str:
     return blob.hexdigest()[:16]
 
 
-def minted(names: List[str], cache: Path, client: str = CLIENT_ENV) -> Dict[str, dict]:
+def minted(names: List[str], cache: Path, client: str) -> Dict[str, dict]:
     """:func:`mint`, remembered in ``cache`` (starting a client costs seconds on two cores, in every ``up``).
 
     An entry is reused only while the client environment and the sources that decide paths and keys are

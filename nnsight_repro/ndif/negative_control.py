@@ -24,8 +24,8 @@ from typing import Callable, Dict, List
 from .. import ROOT, envs, provenance
 from . import config, netns, server_env, stack
 
-#: Tolerance of a trace against the local float32 run (see remote_client.BF16_ATOL for why).
-ATOL = 0.08
+#: Tolerance of a trace against the local float32 run (why: config.BF16_ATOL).
+ATOL = config.generation("0.7").atol
 
 #: The models every pairing traces: GPT-2 (a decoder, which never takes the envoy path) is the control;
 #: BERT and ESM masked LMs have an ``output`` child in every layer.
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
                     "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
                             "not the server production ran for nnsight 0.7.0"},
             details={"started": started}),
-        "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/remote_client.py "
+        "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/config.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),
         "timings": {server: result["timings"] for server, result in results.items()},

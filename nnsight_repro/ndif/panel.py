@@ -45,12 +45,11 @@ PAIRINGS: Dict[str, List[tuple]] = {
     "0.7": [("patched", "required"), ("main", "negative control")],
 }
 
-#: Tolerance of a remote value against the local float32 one, by line (the clients' ``atol``). 0.1.2 computes
-#: in float32 (``NDIF_DEFAULT_DTYPE``) on the same CPU torch, so a remote value must be the local one exactly;
-#: 0.0.1 computes in bfloat16 (the negative control's tolerance; why 0.08: remote_client.BF16_ATOL).
-ATOL = {"0.8": 0.0, "0.7": negative_control.ATOL}
+#: Tolerance of a remote value against the local float32 one, by line (the clients' ``atol``): the server
+#: generation's own (config.Generation.atol; why: config.BF16_ATOL).
+ATOL = {line: config.generation(line).atol for line in config.GENERATIONS}
 
-#: remote_client.BF16_ATOL is five bfloat16 units in the last place at the tiny models' largest magnitudes
+#: config.BF16_ATOL is five bfloat16 units in the last place at the tiny models' largest magnitudes
 #: (2-4: 5 x 2^-6). AntiBERTy's real weights give logits up to ~34, where one unit is 2^-2: the same five
 #: units there are 1.25 (its write's logits came back 0.169 from float32, measured). So on 0.7 a value
 #: is within tolerance when it is within five units at its own largest local magnitude, never less than
@@ -281,7 +280,7 @@ def report_for(line: str, result: dict, command: str, batch: int, started: str) 
         "tolerance": ("0, bit-identical: the server computes in float32" if line == "0.8" else
                       f"the server computes in bfloat16: {BF16_UNITS} bfloat16 units at each value's largest local "
                       f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
-                      f"remote_client.BF16_ATOL)"),
+                      f"config.BF16_ATOL)"),
     }
     return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
             "batch_size": batch,

@@ -42,7 +42,7 @@ import time
 import warnings
 
 from .. import channel, checks, lines
-from . import socket_race
+from . import config, socket_race
 
 LINE = lines.current()
 
@@ -62,16 +62,6 @@ def mint(names) -> dict:
         s = subject(name)
         out[name] = {"path": str(s.path), "task": s.entry.task, "key": s.model.to_model_key()}
     return out
-
-
-#: How far a remote value may be from the local float32 one when the server computes in bfloat16 (ndif
-#: 0.0.1 loads every model in bfloat16 and makes it torch's default dtype). bfloat16 keeps 8 significant
-#: bits: between 2 and 4, where the tiny panel models' largest layer-normed hidden values lie, one unit
-#: in the last place is 2^-6 = 0.0156, and two layers of bf16 weights, matmuls and norms leave the
-#: tiny BERT's final hidden state 0.037 (2.4 of those units) from float32 (GPT-2: 5e-4). 0.08 is five
-#: units at the largest magnitude: above bf16 noise, far below what a different model gives (BERT
-#: rebuilt as BertLMHeadModel attends causally, which moves every position but the last by O(1)).
-BF16_ATOL = 0.08
 
 
 class Transport:
@@ -258,7 +248,7 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
     done = time.time()
     local = saves(s)
     diff = max(float((result[k].float() - local[k]).abs().max()) for k in local)
-    ok = all(bool((result[k] == local[k]).all()) for k in local) if LINE.name != "0.7" else diff <= BF16_ATOL
+    ok = diff <= config.generation(LINE.name).atol
     return {"ok": ok, "hot_epoch": hot, "done_epoch": done, "request_s": round(done - hot, 3), "polls": polls,
             "max_abs_diff": diff}
 

@@ -73,13 +73,6 @@ SERVERS: Dict[str, ServerSpec] = {
                       "main", "ndif-server-0.7.txt", "cli, nnsight, ray, moto, gunicorn, fastapi_socketio, redis"),
 }
 
-# The 0.8 server's names, as other modules know them.
-NAME = SERVERS["0.8"].name
-NDIF_VERSION = SERVERS["0.8"].ndif
-NDIF_WHEEL = SERVERS["0.8"].wheel
-NDIF_WHEEL_SHA256 = SERVERS["0.8"].wheel_sha256
-CLIENT_ENV = SERVERS["0.8"].client_env
-PINS = envs.PINS / SERVERS["0.8"].pins
 #: Bump when the build steps change, so existing server environments are rebuilt.
 RECIPE = 2
 
@@ -205,9 +198,3 @@ def redis_server() -> str:
     if not found:
         raise envs.EnvError("apt-get installed redis-server, but it is not on PATH.")
     return found
-
-
-def binary(env: envs.Env, name: str) -> Optional[str]:
-    """A console script of the server venv (``ndif``, ``moto_server``, ...)."""
-    candidate = env.path / "venv" / "bin" / name
-    return str(candidate) if candidate.exists() else None

@@ -317,8 +317,6 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             folder.mkdir(parents=True)
         if cfg.ray_temp_link.is_symlink() or cfg.ray_temp_link.is_file():
             cfg.ray_temp_link.unlink()
-        elif cfg.ray_temp_link.is_dir():  # a stack folder from before Ray's temp dir moved out of it
-            shutil.rmtree(cfg.ray_temp_link)
         cfg.ray_temp_link.symlink_to(cfg.ray_temp)
         state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
