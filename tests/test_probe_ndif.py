@@ -233,7 +233,7 @@ def test_07_client_line_observations_match_their_declarations(client_line, flavo
     mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
     assert not mismatched
     assert probes["returncode"] == 0, probes["stdout"][-3000:] + probes["stderr"][-3000:]
-    assert "ndif 0.0.1" in record["context"]["server_generation"]
+    assert "ndif 0.0.1" in record["provenance"]["server"]["generation"]
     assert record["context"]["client"]["nnsight"] == "0.7.0"
 
 

@@ -556,6 +556,7 @@ def ensure_up(cfg: configuration.StackConfig, say: Callable[[str], None] = _say)
         why = "unhealthy" if not is_healthy else f"running {running.get('server', 'stock')} nnsight, not {cfg.server}"
         say(f"the local {cfg.line} stack is {why}; replacing it")
         down(cfg, say=say)
+    say(f"bringing up the local {cfg.line} stack ({cfg.server})")
     up(cfg, say=say)
     return True
 
