@@ -8,8 +8,7 @@ import argparse
 import json
 import sys
 
-from .. import envs
-from . import config, deploy, netns, server_packages, stack
+from . import config, deploy, server_packages, stack
 
 
 def _print_status(report: dict) -> None:
@@ -96,7 +95,7 @@ def main(argv=None) -> int:
             else:
                 _print_status(report)
             return 0 if report["running"] and not report["problems"] else 1
-    except (stack.StackError, config.ConfigError, netns.NetnsError, deploy.DeployError, envs.EnvError) as exc:
+    except stack.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     try:
         for server in PAIRINGS:
             results[server] = measure(server)
-    except (stack.StackError, config.ConfigError, netns.NetnsError, envs.EnvError) as exc:
+    except stack.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.

@@ -320,7 +320,7 @@ def main(argv=None) -> int:
             print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
                   f"{s['required_ok']}/{s['required']}; negative control as predicted "
                   f"{s['negative_as_predicted']}/{s['negative']} -> {out / 'panel.json'}")
-    except (stack.StackError, config.ConfigError, netns.NetnsError, envs.EnvError, deploy.DeployError) as exc:
+    except stack.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

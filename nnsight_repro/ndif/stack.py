@@ -58,6 +58,11 @@ class StackError(Exception):
     """The stack cannot be brought up, used or found; the message says what to do."""
 
 
+#: The failures every ``ndif`` command reports as ``error: <message>`` with exit status 2 instead of a
+#: traceback: each one's message already names the problem and the fix.
+USER_ERRORS = (StackError, configuration.ConfigError, netns.NetnsError, deploy.DeployError, envs.EnvError)
+
+
 def _say(message: str) -> None:
     print(f"[ndif] {message}", file=sys.stderr, flush=True)
 
