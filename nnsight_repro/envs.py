@@ -26,12 +26,15 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
@@ -40,7 +43,7 @@ from . import ROOT, channel, fsutil, paths, series, uvtool
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
-RECIPE = 4
+RECIPE = 5
 
 PINS = Path(__file__).resolve().parent / "pins"
 
@@ -98,30 +101,44 @@ def log(message: str) -> None:
 # Inputs --------------------------------------------------------------------
 
 def sdist(version: str, sha256: str) -> Path:
-    """The nnsight sdist, downloaded once by pip into the cache and checked against its pinned hash."""
-    return download(f"nnsight-{version}.tar.gz", sha256, ["--no-binary", ":all:", f"nnsight=={version}"])
+    """The nnsight sdist, downloaded once into the cache and checked against its pinned hash."""
+    return download("nnsight", f"nnsight-{version}.tar.gz", sha256)
 
 
-def download(filename: str, sha256: str, pip_args: List[str]) -> Path:
-    """``filename`` from the package index (``pip download --no-deps`` with ``pip_args``), cached and hash-checked."""
+def download(project: str, filename: str, sha256: str) -> Path:
+    """``filename`` of ``project`` from the first package index pip is configured with that lists it (its
+    simple API: one page, one file, nothing built), cached and hash-checked."""
     folder = cache_dir() / "sdists"
     path = folder / filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with fsutil.locked(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
             if path.is_file():  # another build fetched it while this one waited
-                return download(filename, sha256, pip_args)
-            log(f"downloading {filename} (pip download)")
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *pip_args, "-d", scratch],
-                capture_output=True, text=True,
-            )
-            found = Path(scratch) / filename
-            if result.returncode or not found.is_file():
-                last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no file"
-                raise EnvError(f"Could not get {filename} from the package index (pip: {last}). "
-                               f"Check access to PyPI, or put {filename} into {folder}.")
-            os.replace(found, path)
+                return download(project, filename, sha256)
+            log(f"downloading {filename}")
+            fetched = Path(scratch) / filename
+            problems = []
+            for index in uvtool.pip_indexes():
+                page = f"{index.rstrip('/')}/{project}/"
+                if page.startswith("file:"):  # a local mirror is a folder per project, its page index.html
+                    page += "index.html"
+                try:
+                    with urllib.request.urlopen(page, timeout=60) as response:
+                        links = re.findall(r'href="([^"]+)"', response.read().decode("utf-8", "replace"))
+                    url = next((urllib.parse.urljoin(page, link) for link in links
+                                if urllib.parse.urlsplit(link).path.rsplit("/", 1)[-1] == filename), None)
+                    if url is None:
+                        problems.append(f"{page} does not list it")
+                        continue
+                    with urllib.request.urlopen(url, timeout=300) as response, open(fetched, "wb") as fh:
+                        shutil.copyfileobj(response, fh)
+                    break
+                except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+                    problems.append(f"{page}: {getattr(exc, 'reason', exc)}")
+            if not fetched.is_file():
+                raise EnvError(f"Could not get {filename} from the package index ({'; '.join(problems)}). "
+                               f"Fix: restore access to PyPI, or put {filename} into {folder}.")
+            os.replace(fetched, path)
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if actual != sha256:
         raise EnvError(
@@ -348,7 +365,9 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
 #    pinned; ``uv pip check`` then proves none is missing. Building the wheel explicitly (instead of
 #    installing the source directory) keeps uv's cache out of it: uv keys a directory's build by its
 #    pyproject's mtime, which the sdist fixes, so a rebuilt ``patched`` could get the previous series'
-#    wheel back.
+#    wheel back. Compiling nnsight's C extension is most of that step, and one release's wheel is the
+#    same in every environment that installs it, so it is built once into the cache (``release_wheel``);
+#    a series that changes only Python files (each of ours) goes into a copy of it (``series_wheel``).
 # 4. Every .py byte-compiled (the environments run with PYTHONDONTWRITEBYTECODE, so a missing .pyc is
 #    recompiled by every process), each .pyc shared between venvs through a store (``bytecode.py``).
 
@@ -406,6 +425,68 @@ def build_wheel(step, source: Path, out: Path, version: str, what: str, python: 
     return wheels[0]
 
 
+def release_wheel(step, version: str, sha256: str) -> Path:
+    """Step 3a: the wheel of nnsight ``version``'s sdist, built once per sdist, build pins and interpreter into
+    the cache and shared by every environment that installs the release (``main`` and the line's NDIF servers).
+
+    Built under a lock and moved into place whole, so a build that fails or is killed leaves no wheel behind.
+    """
+    key = digest_of({"sdist_sha256": sha256, "build_pins_sha256": hashlib.sha256(BUILD_PINS.read_bytes()).hexdigest(),
+                     "uv": uvtool.VERSION, "python": sys.version.split()[0], "python_home": sys.base_prefix})
+    folder = cache_dir() / "wheels" / f"nnsight-{version}-{key}"
+    with fsutil.locked(folder.with_name(f".{folder.name}.lock")):
+        found = sorted(folder.glob(f"nnsight-{version}-*.whl"))
+        if found:
+            log(f"nnsight {version}: its wheel was built before ({found[0].name}), not compiled again")
+            return found[0]
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as scratch, tarfile.open(sdist(version, sha256)) as tar:
+            tar.extractall(scratch, filter="data")
+            built = build_wheel(step, Path(scratch) / f"nnsight-{version}", Path(scratch) / "dist", version, "the sdist")
+            folder.mkdir(exist_ok=True)
+            os.replace(built, folder / built.name)
+            return folder / built.name
+
+
+def series_wheel(release: Path, name: str, source: Path, out: Path) -> Optional[Path]:
+    """``release`` with every file of nnsight the series ``name`` changes taken from ``source`` (the tree it
+    was applied to), written into ``out``: the wheel a build of ``source`` would give, without compiling
+    the C extension again. None when the series touches anything else a build reads (C sources, build
+    configuration), which then needs a build of its own."""
+    import base64
+    import zipfile
+
+    changed = series.touched(name)
+    if not all((p.startswith("src/nnsight/") and p.endswith(".py")) or p.startswith(("tests/", "docs/"))
+               for p in changed):
+        return None
+    replaced = {p[len("src/"):]: source / p for p in changed if p.startswith("src/")}
+
+    def record_line(path: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(data)}"
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / release.name
+    with zipfile.ZipFile(release) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
+        record = next(n for n in old.namelist() if n.endswith(".dist-info/RECORD"))
+        lines = []
+        for line in old.read(record).decode().splitlines():
+            path = line.rsplit(",", 2)[0]
+            if path not in replaced:
+                lines.append(line)
+        for info in old.infolist():
+            if info.filename != record and info.filename not in replaced:
+                new.writestr(info, old.read(info))
+        for path, file in replaced.items():
+            if file.is_file():  # a file the series deletes is simply left out
+                data = file.read_bytes()
+                new.writestr(path, data)
+                lines.append(record_line(path, data))
+        new.writestr(record, "\n".join(lines) + "\n")
+    return target
+
+
 def compile_bytecode(step, python: str) -> None:
     """Step 4: every .py byte-compiled, each .pyc shared with the venvs that link the same file (bytecode.py)."""
     site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
@@ -438,8 +519,15 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
 
     python = make_venv(step, path)
     install_pins(step, python, PINS / s.pins)
+    release = release_wheel(step, s.nnsight, s.sdist_sha256)
     with tempfile.TemporaryDirectory(dir=path) as out:
-        wheel = build_wheel(step, source, Path(out), s.nnsight, "the series-patched sdist" if s.series else "the sdist")
+        wheel = release
+        if s.series:
+            wheel = series_wheel(release, s.series, source, Path(out))
+            if wheel:
+                log(f"{s.name}: the release's wheel with the series' files (it changes Python files only)")
+            else:
+                wheel = build_wheel(step, source, Path(out), s.nnsight, "the series-patched sdist")
         uv_step(step, f"installing nnsight {s.nnsight}", "pip", "install", "--python", python, "--no-deps",
                 "--reinstall-package", "nnsight", str(wheel))
     uv_step(step, "checking that every requirement is installed", "pip", "check", "--python", python)

@@ -78,6 +78,18 @@ def digest(name: str) -> str:
     return h.hexdigest()
 
 
+def touched(name: str) -> List[str]:
+    """Every path the series changes, adds or deletes, once each, in the order the patches first touch them."""
+    found: Dict[str, None] = {}
+    for patch in patches(name):
+        for line in patch.read_text().splitlines():
+            header = re.match(r"diff --git a/(\S+) b/(\S+)$", line)
+            if header:
+                found.setdefault(header.group(1))  # a rename's old path too: it is gone afterwards
+                found.setdefault(header.group(2))
+    return list(found)
+
+
 def preimages(name: str) -> Dict[str, str]:
     """Path -> abbreviated blob id each modified file must have at the base."""
     wanted: Dict[str, str] = {}

@@ -95,10 +95,10 @@ def _install(home: Path) -> None:
         os.replace(target, home)
 
 
-def pip_find_links() -> List[str]:
-    """The find-links locations pip is configured with here (environment first, then pip.conf files)."""
+def pip_config(option: str, environment: str) -> List[str]:
+    """The values pip is configured with here for ``option`` (``environment`` first, then pip.conf files)."""
     found: List[str] = []
-    found += os.environ.get("PIP_FIND_LINKS", "").split()
+    found += os.environ.get(environment, "").split()
     config_dirs = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
     files = [*(Path(d) / "pip" / "pip.conf" for d in config_dirs), Path("/etc/pip.conf"),
              Path.home() / ".pip" / "pip.conf",
@@ -111,14 +111,22 @@ def pip_find_links() -> List[str]:
             parser.read(path)
         except (OSError, configparser.Error):
             continue
-        for section in ("global", "install"):
-            if parser.has_option(section, "find-links"):
-                found += parser.get(section, "find-links").split()
-    unique = []
-    for item in found:
-        if item not in unique and (not item.startswith("/") or Path(item).exists()):
-            unique.append(item)
-    return unique
+        for section in ("global", "install", "download"):
+            if parser.has_option(section, option):
+                found += parser.get(section, option).split()
+    return list(dict.fromkeys(found))
+
+
+def pip_find_links() -> List[str]:
+    """The find-links locations pip is configured with here (environment first, then pip.conf files)."""
+    return [item for item in pip_config("find-links", "PIP_FIND_LINKS")
+            if not item.startswith("/") or Path(item).exists()]
+
+
+def pip_indexes() -> List[str]:
+    """The package indexes pip would read here, its main index first (PyPI unless configured otherwise)."""
+    main = pip_config("index-url", "PIP_INDEX_URL")[:1] or ["https://pypi.org/simple"]
+    return list(dict.fromkeys([*main, *pip_config("extra-index-url", "PIP_EXTRA_INDEX_URL")]))
 
 
 def find_wheel(name: str, version: str) -> Optional[Path]:

@@ -55,6 +55,18 @@ def test_missing_sdist_names_where_to_put_it(scratch_cache):
         envs.sdist("0.0.0", "0" * 64)
 
 
+def test_a_download_reads_the_file_the_index_page_links_and_checks_its_hash(scratch_cache, tmp_path, monkeypatch):
+    import hashlib
+
+    project = tmp_path / "index" / "nnsight"
+    (project / "files").mkdir(parents=True)
+    (project / "files" / "nnsight-9.9.9.tar.gz").write_bytes(b"release bytes")
+    (project / "index.html").write_text('<a href="files/nnsight-9.9.9.tar.gz#sha256=x">nnsight-9.9.9.tar.gz</a>')
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "index").as_uri())
+    path = envs.sdist("9.9.9", hashlib.sha256(b"release bytes").hexdigest())
+    assert path == scratch_cache / "sdists" / "nnsight-9.9.9.tar.gz" and path.read_bytes() == b"release bytes"
+
+
 def test_verify_rejects_unknown_names_before_touching_any_environment(scratch_cache):
     result = subprocess.run([sys.executable, "-m", "nnsight_repro", "verify", "--models", "bert-mlm,nope"],
                             cwd=ROOT, capture_output=True, text=True)
@@ -225,6 +237,95 @@ def test_a_built_environment_has_every_pin_and_torch_from_the_local_cpu_wheel(na
             assert frozen.get(key) == version, (pin, frozen.get(key))
     assert not [k for k in frozen if k.startswith("nvidia-")]
     assert frozen["nnsight"].startswith("file://") and f"nnsight-{env.stamp['inputs']['spec']['nnsight']}-" in frozen["nnsight"]
+
+
+# nnsight's C extension, compiled once per release -------------------------------------------------------
+
+def fake_wheel(path: Path, files: dict) -> Path:
+    """A wheel holding ``files`` (name -> bytes) and a RECORD that lists each with its hash, as a build writes it."""
+    import zipfile
+
+    record = "nnsight-0.7.0.dist-info/RECORD"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr(record, "".join(f"{line}\n" for line in record_lines(files)) + f"{record},,\n")
+    return path
+
+
+def record_lines(files: dict) -> list:
+    import base64
+    import hashlib
+
+    return [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+            f"{len(data)}" for name, data in files.items()]
+
+
+def wheel_contents(path: Path) -> dict:
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+@pytest.fixture
+def release_and_source(tmp_path):
+    release = fake_wheel(tmp_path / "nnsight-0.7.0-cp311-cp311-linux_x86_64.whl", {
+        "nnsight/__init__.py": b"", "nnsight/intervention/envoy.py": b"OLD = 1\n",
+        "nnsight/_c/py_mount.so": b"\x7fELF compiled once"})
+    source = tmp_path / "src-tree"
+    (source / "src" / "nnsight" / "intervention").mkdir(parents=True)
+    (source / "src" / "nnsight" / "intervention" / "envoy.py").write_bytes(b"NEW = 2\n")
+    (source / "src" / "nnsight" / "added.py").write_bytes(b"ADDED = 3\n")
+    return release, source
+
+
+def test_a_series_of_python_files_goes_into_the_releases_wheel_with_a_record_that_verifies(
+        release_and_source, tmp_path, monkeypatch):
+    release, source = release_and_source
+    monkeypatch.setattr(envs.series, "touched", lambda name: [
+        "src/nnsight/intervention/envoy.py", "src/nnsight/added.py", "tests/test_overloaded_mount.py"])
+    built = wheel_contents(envs.series_wheel(release, "any", source, tmp_path / "out"))
+    record = built.pop("nnsight-0.7.0.dist-info/RECORD").decode().splitlines()
+    assert built == {"nnsight/__init__.py": b"", "nnsight/intervention/envoy.py": b"NEW = 2\n",
+                     "nnsight/added.py": b"ADDED = 3\n", "nnsight/_c/py_mount.so": b"\x7fELF compiled once"}
+    assert sorted(record) == sorted([*record_lines(built), "nnsight-0.7.0.dist-info/RECORD,,"])
+
+
+def test_a_file_the_series_deletes_leaves_the_wheel_and_its_record(release_and_source, tmp_path, monkeypatch):
+    release, source = release_and_source
+    monkeypatch.setattr(envs.series, "touched", lambda name: ["src/nnsight/__init__.py"])  # absent from source
+    built = wheel_contents(envs.series_wheel(release, "any", source, tmp_path / "out"))
+    assert "nnsight/__init__.py" not in built
+    assert "nnsight/__init__.py" not in built["nnsight-0.7.0.dist-info/RECORD"].decode()
+
+
+@pytest.mark.parametrize("touched", ["src/nnsight/_c/py_mount.cpp", "setup.py", "pyproject.toml"])
+def test_a_series_touching_what_a_build_compiles_or_reads_gets_a_build_of_its_own(
+        release_and_source, tmp_path, monkeypatch, touched):
+    release, source = release_and_source
+    monkeypatch.setattr(envs.series, "touched", lambda name: ["src/nnsight/intervention/envoy.py", touched])
+    assert envs.series_wheel(release, "any", source, tmp_path / "out") is None
+
+
+def installed_nnsight(env) -> Path:
+    return next(env.path.glob("venv/lib/python*/site-packages/nnsight"))
+
+
+def test_main_and_patched_install_one_compiled_c_extension():
+    main, patched = (installed_nnsight(envs.ensure(name, build=False)) for name in ("main", "patched"))
+    compiled = sorted(p.relative_to(main) for p in main.glob("_c/*.so"))
+    assert compiled, f"no compiled extension under {main}/_c"
+    for name in compiled:
+        assert (main / name).read_bytes() == (patched / name).read_bytes(), name
+
+
+def test_patched_installs_exactly_the_series_sources():
+    env = envs.ensure("patched", build=False)
+    installed = installed_nnsight(env)
+    for touched in envs.series.touched(env.stamp["inputs"]["spec"]["series"]):
+        if touched.startswith("src/nnsight/"):
+            assert (installed / touched[len("src/nnsight/"):]).read_bytes() == (env.source / touched).read_bytes()
 
 
 # `pytest tests/...` from a plain interpreter (tests/nnsight_env.py) --------------------------------------

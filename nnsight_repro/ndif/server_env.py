@@ -40,8 +40,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -96,7 +94,7 @@ def server_spec(line: str = "0.8") -> ServerSpec:
 def ndif_wheel(line: str = "0.8") -> Path:
     """The ndif wheel, downloaded once into the cache and checked against its pinned hash."""
     spec = server_spec(line)
-    return envs.download(spec.wheel, spec.wheel_sha256, ["--ignore-requires-python", f"ndif=={spec.ndif}"])
+    return envs.download("ndif", spec.wheel, spec.wheel_sha256)
 
 
 def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
@@ -141,7 +139,6 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     client = envs.spec(spec.client_env)
     pins = envs.PINS / spec.pins
     wheel = ndif_wheel("0.8" if spec is SERVERS["0.8"] else "0.7")
-    nnsight_sdist = envs.sdist(client.nnsight, client.sdist_sha256)
     flavours = server_packages.flavours(extras)
     python = envs.make_venv(step, where)
     # A flavour's packages in the same resolution as the generation's pins: one consistent environment,
@@ -151,13 +148,9 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     # one pure-Python wheel installed without dependencies.
     envs.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
                  "--python-version", "3.12", str(wheel))
-    with tempfile.TemporaryDirectory(dir=where) as scratch:
-        with tarfile.open(nnsight_sdist) as tar:
-            tar.extractall(scratch, filter="data")
-        built = envs.build_wheel(step, Path(scratch) / f"nnsight-{client.nnsight}", Path(scratch) / "dist",
-                                 client.nnsight, "the sdist")
-        envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
-                     "--no-deps", "--reinstall-package", "nnsight", str(built))
+    built = envs.release_wheel(step, client.nnsight, client.sdist_sha256)
+    envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
+                 "--no-deps", "--reinstall-package", "nnsight", str(built))
     envs.compile_bytecode(step, python)
     imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
     installed = step("checking the install", [python, "-c", (
