@@ -19,7 +19,6 @@ WRITTEN_BEFORE_THE_RECORD = {
     "results/benchmarks/bench_overloaded_mount-20261201.json",
     "results/benchmarks/bench_verify-20261201.json",
     "results/benchmarks/setup.json",
-    "results/ndif_0.7/negative_control.json",
 }
 
 
