@@ -74,7 +74,10 @@ FIX = "nnsight-v0.7.0-extras"
 def run_live(cfg, scratch: Path) -> dict:
     """``{"release": record, "fixed": record}``: :data:`LIVE_CLIENT` run from a real ``__main__`` file by the
     ``main`` environment (stock 0.7.0), without and with :data:`FIX`, inside the running stack's
-    namespace. A client that dies is recorded as ``{"crashed": why}``, so only the tests of it fail."""
+    namespace. A client that dies is recorded as ``{"crashed": why}``, so only the tests of it fail. The
+    records are also left in ``scratch/records.json``, for a reader of a run."""
+    import json
+
     from nnsight_repro import ROOT, channel, envs, overlays
     from nnsight_repro.ndif import netns
 
@@ -92,4 +95,5 @@ def run_live(cfg, scratch: Path) -> dict:
                 timeout=900, what=f"the {build} 0.7.0 client with an Envoy subclass, namespace {cfg.netns}")
         except channel.ChannelError as exc:
             records[build] = {"crashed": str(exc)}
+    (scratch / "records.json").write_text(json.dumps(records, indent=1))
     return records
