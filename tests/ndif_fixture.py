@@ -71,11 +71,13 @@ def ndif_stack():
             stack.down(cfg)
 
 
-def _everything_against_07(server: str, out) -> dict:
+def _everything_against_07(server: str, scratch) -> dict:
     """The negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does,
-    and the probe script's client lines
+    on the stock flavour a user's ``__main__`` Envoy subclass from the stock and the fixed client
+    (``envoy_subclass_cases.run_live``), and the probe script's client lines
     served by ``server``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
     so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
+    from envoy_subclass_cases import run_live
     from nnsight_repro import ROOT
     from nnsight_repro.ndif import config, negative_control, netns, stack
     from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
@@ -93,7 +95,12 @@ def _everything_against_07(server: str, out) -> dict:
         result["healthy_after_second_up"] = stack.healthy(running.cfg)
         result["netns"] = running.cfg.netns
         result["ray_clients"] = stack.ray_client_connects(running.cfg, count=8, parallel=2)
+        if server == "stock":
+            (scratch / "envoy-subclass").mkdir()
+            result["envoy_subclass"] = run_live(running.cfg, scratch / "envoy-subclass")
         # The probe script finds this healthy stack of the right flavour and uses it as it is.
+        out = scratch / "probes"
+        out.mkdir()
         environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
         run = subprocess.run([sys.executable, str(probe_ndif), "--line", ",".join(client_lines), "--out", str(out)],
                              capture_output=True, text=True, env=environ, timeout=1800, cwd=ROOT)
@@ -107,12 +114,12 @@ def _everything_against_07(server: str, out) -> dict:
 
 @pytest.fixture(scope="session")
 def ndif07_stock(tmp_path_factory):
-    return _everything_against_07("stock", tmp_path_factory.mktemp("probes-07-stock"))
+    return _everything_against_07("stock", tmp_path_factory.mktemp("ndif07-stock"))
 
 
 @pytest.fixture(scope="session")
 def ndif07_patched(tmp_path_factory):
-    return _everything_against_07("patched", tmp_path_factory.mktemp("probes-07-patched"))
+    return _everything_against_07("patched", tmp_path_factory.mktemp("ndif07-patched"))
 
 
 #: What CI traces on each line's multimolecule flavour: an RNA model (multimolecule) and AntiBERTy (real

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from decorated_cases import DEFINITIONS
+from envoy_subclass_cases import DEFINITIONS as ENVOY_DEFINITIONS
 from nnsight_repro import ROOT, channel, envs, models, overlays, series
 
 EXTRAS_07 = "nnsight-v0.7.0-extras"
@@ -207,28 +208,16 @@ send(record)
 
 
 # nnsight 0.7.0: an Envoy subclass defined in a user's __main__, with its own
-# hooked attribute, in a remote="local" trace. It goes by value with its
-# eproperty, whose hook is requires_output's wrapper. 0.7.0's LanguageModel
-# hands an envoys= keyword on to from_pretrained, so the class attribute is used.
+# hooked attribute (tests/envoy_subclass_cases.py), in a remote="local" trace.
+# It goes by value with its eproperty, whose hook is requires_output's wrapper.
+# The same class with remote=True on the live stack: test_remote_ndif_07_envoy_subclass.py.
 ENVOY_SUBCLASS_070 = """
 from nnsight_repro.channel import send
 import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
-from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-from nnsight import LanguageModel
-from nnsight.intervention.envoy import Envoy
-from nnsight.intervention.hooks import hooked_output
 from nnsight_repro import models
-
-class BlockEnvoy(Envoy):
-    @hooked_output(key="output")
-    def hidden(self):
-        \"\"\"The block's output, under a name of the user's choosing.\"\"\"
-
-class ProbedLM(LanguageModel):
-    envoys = {GPT2Block: BlockEnvoy}
-
+""" + ENVOY_DEFINITIONS + """
 model = ProbedLM(str(models.saved_model("gpt2")), tokenizer=models.build_tokenizer(False), dispatch=True)
 ids = models.token_ids(model.tokenizer, models.SENTENCE)
 record = {"envoy_class": type(model.transformer.h[0]).__name__}
