@@ -80,6 +80,12 @@ class PanelModel:
     def config_for(self, layers: int | None = None):
         return self.config(self.layers if layers is None else layers)
 
+    @property
+    def output_field(self) -> str:
+        """The field of the model's output a trace reads last: a base model (``AutoModel``) has no head,
+        so no logits; its output ends in the final hidden state."""
+        return "last_hidden_state" if self.automodel == "AutoModel" else "logits"
+
 
 def _bert_config(layers: int):
     from transformers import BertConfig

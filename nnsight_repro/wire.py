@@ -29,14 +29,16 @@ TRACES = ("read", "write")
 def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
     """Run trace ``kind`` on ``subject``; the saved values by name (none when a backend only compiles it).
 
-    ``read`` saves the first layer's and the final hidden states' output and the logits; ``write`` zeroes
-    the first token's state in the first layer's output (zeroing every position would make a tiny model's
-    zero biases carry zeros to the logits, which proves little) and saves the logits. ``trace_kwargs`` go to
-    ``model.trace`` (``backend=...``, ``remote=True``).
+    ``read`` saves the first layer's and the final hidden states' output and the model's output; ``write``
+    zeroes the first token's state in the first layer's output (zeroing every position would make a tiny
+    model's zero biases carry zeros to the logits, which proves little) and saves the model's output. The
+    model's output is its logits, or a base model's final hidden state (``PanelModel.output_field``), saved
+    under that field's name. ``trace_kwargs`` go to ``model.trace`` (``backend=...``, ``remote=True``).
     """
     import torch
 
     (_, first, attr), (_, final, final_attr) = subject.read_points()
+    field = subject.entry.output_field
     # Only nnsight's objects inside the block: it is what the request carries.
     model = subject.model
     with torch.no_grad(), model.trace(subject.ids[0], **trace_kwargs):
@@ -47,11 +49,11 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
             value = getattr(first, attr)
             hidden = value[0] if isinstance(value, tuple) else value
             hidden[:, 0] = 0
-        logits = model.output.logits.save()
+        output = getattr(model.output, field).save()
     if "backend" in trace_kwargs:  # compiled into a request, not run
         return {}
-    saved = {"logits": logits} if kind == "write" else \
-        {"first_layer": first_layer, "final_hidden": final_hidden, "logits": logits}
+    saved = {field: output} if kind == "write" else \
+        {"first_layer": first_layer, "final_hidden": final_hidden, field: output}
     return {name: _plain(value) for name, value in saved.items()}
 
 

@@ -59,10 +59,20 @@ def test_a_record_is_ok_only_within_tolerance_at_every_point_and_without_an_erro
 
 def test_a_write_that_does_not_change_the_local_logits_is_not_ok():
     logits = {"max_abs_diff": 0.0, "dtype": "torch.float32", "shape": [1, 3, 32], "max_abs_local": 1.0}
-    record = {"ok": True, "key": "k", "logits": logits, "write_changes_local_logits": False}
+    record = {"ok": True, "key": "k", "logits": logits, "write_changes_local_output": False}
     assert not _row(record, line="0.8", trace="write")["ok"]
-    record["write_changes_local_logits"] = True
+    record["write_changes_local_output"] = True
     assert _row(record, line="0.8", trace="write")["ok"]
+
+
+def test_the_write_case_of_a_base_model_reads_its_final_hidden_state_and_matches_the_same_write_locally():
+    # The client's own write case, its server half run by nnsight's local simulation (serializer and all).
+    from nnsight_repro.ndif import remote_client
+
+    record = remote_client.case_write("bert-base", remote="local")
+    assert models.get("bert-base").output_field == "last_hidden_state" and "logits" not in record, record
+    assert record["ok"] and record["last_hidden_state"]["max_abs_diff"] == 0.0, record
+    assert record["write_changes_local_output"], record
 
 
 def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():

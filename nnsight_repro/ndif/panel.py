@@ -3,8 +3,9 @@
 ``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--models a,b] [--batch N] [--out-root DIR]`` runs, per
 line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
 masked LMs, AntiBERTy with its packaged weights) through :mod:`remote_client`'s ``trace`` (first encoder layer
-and final hidden states read) and ``write`` (the first layer's output written, the logits read) cases, each
-compared by the client with the same trace run locally, and writes ``results/ndif_<line>/panel.json`` and
+and final hidden states read) and ``write`` (the first layer's output written, the logits read, or a base
+model's final hidden state) cases, each compared by the client with the same trace run locally, and writes
+``results/ndif_<line>/panel.json`` and
 ``panel.md``: one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
 the server built (from the model actors' own records, :mod:`built_log`) and the provenance
 (:func:`nnsight_repro.provenance.record`, the one record every results file carries).
@@ -144,8 +145,8 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
                        built_class=built.get(record.get("key")), seconds=record.get("seconds"), points=points,
                        socket_race_retries=record.get("socket_race_retries", []))
             if trace == "write":
-                row["write_changes_local_logits"] = record.get("write_changes_local_logits")
-                row["ok"] = row["ok"] and bool(record.get("write_changes_local_logits"))
+                row["write_changes_local_output"] = record.get("write_changes_local_output")
+                row["ok"] = row["ok"] and bool(record.get("write_changes_local_output"))
             if trace == "read":
                 row["read_points"] = record.get("read_points")
             if "error" in record:
