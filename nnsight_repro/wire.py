@@ -33,7 +33,8 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
     zeroes the first token's state in the first layer's output (zeroing every position would make a tiny
     model's zero biases carry zeros to the logits, which proves little) and saves the model's output. The
     model's output is its logits, or a base model's final hidden state (``PanelModel.output_field``), saved
-    under that field's name. ``trace_kwargs`` go to ``model.trace`` (``backend=...``, ``remote=True``).
+    under that field's name. ``trace_kwargs`` go to ``model.trace`` (``backend=...``, ``remote=True``), with
+    the subject's own inputs (:meth:`Subject.inputs`).
     """
     import torch
 
@@ -41,7 +42,8 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
     field = subject.entry.output_field
     # Only nnsight's objects inside the block: it is what the request carries.
     model = subject.model
-    with torch.no_grad(), model.trace(subject.ids[0], **trace_kwargs):
+    ids = subject.ids[0]
+    with torch.no_grad(), model.trace(ids, **subject.inputs(ids), **trace_kwargs):
         if kind == "read":
             first_layer = getattr(first, attr).save()
             final_hidden = getattr(final, final_attr).save()

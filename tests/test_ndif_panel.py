@@ -75,6 +75,18 @@ def test_the_write_case_of_a_base_model_reads_its_final_hidden_state_and_matches
     assert record["write_changes_local_output"], record
 
 
+def test_the_clients_local_traces_of_utr_lm_run_on_07():
+    # 0.7's LanguageModel makes no attention mask from an input_ids tensor and UTR-LM's embeddings need one
+    # (tests/test_upstream_repros.py): both local halves of the panel's cases pass the subject's inputs.
+    from nnsight_repro import wire
+    from nnsight_repro.ndif import remote_client
+
+    s = remote_client.subject("utrlm")
+    assert "attention_mask" in s.inputs(s.ids[0])
+    assert set(remote_client.saves(s)) == {"first_layer", "final_hidden"}
+    assert list(wire.traced(s, "write")) == ["logits"]
+
+
 def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():
     rows = panel._records("rnabert", "upstream-0.8", "required", "0.8", {}, {},
                           "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)

@@ -19,7 +19,8 @@ never to stdout, which a library may also write to.
 multimolecule 0.2.2's ERNIE-RNA forward on transformers 5.24 runs for real
 (the panel's tiny ERNIE-RNA, in ``main``, which has multimolecule), next to
 the transformers 5.24 change it trips on, shown on a bare output class shaped
-like ``ErnieRnaModelOutputWithPastAndCrossAttentions``.
+like ``ErnieRnaModelOutputWithPastAndCrossAttentions``; so does its UTR-LM
+forward without an attention mask.
 """
 
 import shutil
@@ -177,6 +178,28 @@ from nnsight_repro.channel import send
 send(record)
 """
 
+# multimolecule 0.2.2's UTR-LM masked LM (the panel's tiny one), one forward with the tokenizer's
+# input_ids and no attention mask (what 0.7's LanguageModel hands the model for an input_ids tensor), and
+# one with the all-ones mask the tokenizer would have given; no nnsight.
+UTR_LM_FORWARD = """
+import warnings
+warnings.simplefilter("ignore")
+from importlib.metadata import version
+import torch
+from nnsight_repro import models
+entry = models.get("utrlm")
+model, tokenizer = models.build_model(entry), models.tokenizer_for(entry)
+ids = models.token_ids(tokenizer, entry.text)
+record = {"multimolecule": version("multimolecule"), "token_dropout": model.config.token_dropout}
+for name, mask in (("without_mask", None), ("with_mask", torch.ones_like(ids))):
+    try:
+        with torch.no_grad():
+            record[name] = list(model(ids, attention_mask=mask).logits.shape)
+    except Exception as exc:
+        record[name] = f"{type(exc).__name__}: {exc}"
+from nnsight_repro.channel import send
+send(record)
+"""
 
 # Both lines: decorated functions defined in a real __main__ file, each sent
 # through nnsight's serializer and called. On 0.7.0 also Envoy.output, whose
@@ -271,6 +294,7 @@ REPROS = {
     "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
     "ernierna_tf524": Repro("main", ERNIE_RNA_FORWARD, overlay="transformers==5.24.0"),
     "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
+    "utrlm_mask": Repro("main", UTR_LM_FORWARD),
     "decorated_081": Repro("upstream-0.8", DECORATED_ROUND_TRIP),
     "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08),
     "decorated_070": Repro("main", DECORATED_ROUND_TRIP),
@@ -401,6 +425,22 @@ def test_multimolecule_022_ernie_rna_forward_runs_on_transformers_5222(outcome):
     record = outcome("ernierna_tf5222")
     assert record.get("transformers") == "5.22.2" and "error" not in record, record
     assert record["logits"][0] == 1 and record["logits"][1] > 40, record  # 40 nt + special tokens
+
+
+# multimolecule 0.2.2's UTR-LM without an attention mask: its embeddings' token dropout divides by
+# attention_mask.sum(-1) with no fallback (transformers' ESM, which it follows, uses the sequence length),
+# and UtrLmModel hands the embeddings the caller's mask, not the one it derives from the pad token. So a
+# 0.7 client's trace of an input_ids tensor fails locally (checks.Subject.inputs passes the mask).
+
+def test_multimolecule_022_utr_lm_forward_without_an_attention_mask_fails(outcome):
+    record = outcome("utrlm_mask")
+    assert record.get("multimolecule") == "0.2.2" and record.get("token_dropout") is True, record
+    assert record.get("without_mask") == "AttributeError: 'NoneType' object has no attribute 'sum'", record
+
+
+def test_multimolecule_022_utr_lm_forward_with_an_attention_mask_runs(outcome):
+    record = outcome("utrlm_mask")
+    assert record.get("with_mask", [None])[0] == 1 and record["with_mask"][1] > 40, record  # 40 nt + specials
 
 
 # (vi) the serializer rebuilds a functools.wraps wrapper from the wrapped function ---

@@ -104,8 +104,7 @@ def saves(s: checks.Subject, remote=None) -> dict:
     variables, so the saves must be plain locals, not entries of a dict built inside the block.
     """
     (first_label, first_envoy, first_attr), (final_label, final_envoy, final_attr) = s.read_points()
-    kwargs = {} if remote is None else {"remote": remote}
-    with s.model.trace(s.ids[0], **kwargs):
+    with s.model.trace(s.ids[0], **s.inputs(s.ids[0], remote)):
         first = getattr(first_envoy, first_attr).save()
         final = getattr(final_envoy, final_attr).save()
     return {first_label: checks.hidden_states(first), final_label: checks.hidden_states(final)}
