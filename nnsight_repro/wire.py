@@ -31,10 +31,10 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
 
     ``read`` saves the first layer's and the final hidden states' output and the model's output; ``write``
     zeroes the first token's state in the first layer's output (zeroing every position would make a tiny
-    model's zero biases carry zeros to the logits, which proves little) and saves the model's output. The
-    model's output is its logits, or a base model's final hidden state (``PanelModel.output_field``), saved
-    under that field's name. ``trace_kwargs`` go to ``model.trace`` (``backend=...``, ``remote=True``), with
-    the subject's own inputs (:meth:`Subject.inputs`).
+    model's zero biases carry zeros to the logits, which proves little) and saves the model's output: its
+    logits, or a base model's final hidden state (``PanelModel.output_field``). Values are named as the block
+    names them, which is how a model actor returns them (:func:`actor`). ``trace_kwargs`` go to
+    ``model.trace`` (``backend=...``, ``remote=True``), with the subject's own inputs (:meth:`Subject.inputs`).
     """
     import torch
 
@@ -54,8 +54,8 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
         output = getattr(model.output, field).save()
     if "backend" in trace_kwargs:  # compiled into a request, not run
         return {}
-    saved = {field: output} if kind == "write" else \
-        {"first_layer": first_layer, "final_hidden": final_hidden, field: output}
+    saved = {"output": output} if kind == "write" else \
+        {"first_layer": first_layer, "final_hidden": final_hidden, "output": output}
     return {name: _plain(value) for name, value in saved.items()}
 
 

@@ -83,7 +83,7 @@ def test_write_changes_the_logits(wire_run, model):
     import torch
 
     folder = wire_run[0]["patched"]
-    read, write = (torch.load(folder / f"{model}.{trace}.local")["logits"] for trace in ("read", "write"))
+    read, write = (torch.load(folder / f"{model}.{trace}.local")["output"] for trace in ("read", "write"))
     assert not torch.equal(read, write)
 
 

@@ -152,9 +152,9 @@ def case_write(name: str, atol: float = 0.0, remote=True) -> dict:
     s = subject(name)
     field = s.entry.output_field
     KEYS[name] = s.model.to_model_key()
-    local, unwritten = wire.traced(s, "write")[field], wire.traced(s, "read")[field]
+    local, unwritten = wire.traced(s, "write")["output"], wire.traced(s, "read")["output"]
     started = time.perf_counter()
-    remote = remotely(lambda: wire.traced(s, "write", remote=remote))[field]
+    remote = remotely(lambda: wire.traced(s, "write", remote=remote))["output"]
     same_shape = remote.shape == local.shape
     diff = float((remote.float() - local).abs().max()) if same_shape else None
     return {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(), "atol": atol,
