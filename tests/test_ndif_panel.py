@@ -25,15 +25,23 @@ def test_tolerance_is_exact_on_08_and_five_bf16_units_at_the_values_magnitude_on
 
 
 def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
-    assert panel.predicted("gpt2", "main") == {"outcome": "ok"}
+    assert panel.predicted("gpt2", "main", "0.7") == {"outcome": "ok"}
+    # BERT masked LMs can be rebuilt as BertLMHeadModel, and then fail on the envoy bug; ESM and every
+    # multimolecule family have no causal LM, so the stock key fails to provision first.
+    for name in ("bert-mlm", "antiberty"):
+        assert panel.predicted(name, "main", "0.7")["bug"] == "envoy"
+    for name in ("esm-mlm", "rnabert", "rnamsm", "calm", "ernierna"):
+        assert panel.predicted(name, "main", "0.7") == {"outcome": "fail", "bug": "key",
+                                                         "message": panel.PROVISIONING}
+
+
+def test_required_pairings_are_predicted_ok_except_a_model_that_cannot_run_in_the_servers_bfloat16():
     for name in models.extended():
-        assert panel.predicted(name, "patched") == {"outcome": "ok"}
-    # BERTs can be rebuilt as BertLMHeadModel, and then fail on the envoy bug; ESM and every multimolecule
-    # family have no causal LM, so the stock key fails to provision first.
-    for name in ("bert-mlm", "bert-base", "antiberty"):
-        assert panel.predicted(name, "main")["bug"] == "envoy"
-    for name in ("esm-mlm", "rnabert", "rnamsm", "calm"):
-        assert panel.predicted(name, "main")["bug"] == "key"
+        assert panel.predicted(name, "upstream-0.8", "0.8") == {"outcome": "ok"}
+        if name != "ernierna":
+            assert panel.predicted(name, "patched", "0.7") == {"outcome": "ok"}
+    assert panel.predicted("ernierna", "patched", "0.7") == {"outcome": "fail", "bug": "bfloat16",
+                                                             "message": models.BF16_MIXED_DTYPE}
 
 
 def _row(record, line="0.7", trace="read", built=None):

@@ -88,18 +88,34 @@ def cases(names: List[str], line: str) -> List[str]:
 CAUSAL_LM_FAMILIES = ("Bert",)
 
 
-def predicted(name: str, client: str) -> dict:
-    """What a pairing should give for a model: ``ok`` for the required pairings and the decoder; for the stock
-    0.7 client's encoders, the failure that comes first. Its key carries no ``automodel`` (the key bug), so the
-    server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to provision; a BERT
-    becomes BertLMHeadModel, and then its request fails to load with the envoy bug's ``hooked_output``
-    NameError (its layers have ``output`` children)."""
+#: What each predicted failure is, as the report says it.
+BUGS = {
+    "key": "the key bug (the stock key names no masked-LM class; the server rebuilds AutoModelForCausalLM)",
+    "envoy": "the envoy bug (0.7.0's synthesized envoy class cannot be rebuilt: hooked_output)",
+    "bfloat16": ("the model itself fails when loaded in the server's bfloat16, also without nnsight "
+                 "(models.PanelModel.fails_in_bfloat16; tests/test_upstream_repros.py)"),
+}
+
+
+def predicted(name: str, client: str, line: str) -> dict:
+    """What a pairing of ``line`` should give for a model, from the model's facts and the server's.
+
+    The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
+    key bug), so the server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to
+    provision; a BERT becomes BertLMHeadModel, and then its request fails to load with the envoy bug's
+    ``hooked_output`` NameError (its layers have ``output`` children). Every other pairing is ``ok``,
+    except a model that cannot run in the dtype the server loads it in (``PanelModel.fails_in_bfloat16``,
+    ``config.Generation.dtype``): that fails on the server with the model's own error.
+    """
     entry = panel_models.get(name)
-    if client != "main" or not entry.encoder:
-        return {"outcome": "ok"}
-    if entry.model_class.startswith(CAUSAL_LM_FAMILIES) and entry.has_output_child:
-        return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
-    return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+    if client == "main" and entry.encoder:
+        if not entry.model_class.startswith(CAUSAL_LM_FAMILIES):
+            return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+        if entry.has_output_child:
+            return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
+    if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16":
+        return {"outcome": "fail", "bug": "bfloat16", "message": entry.fails_in_bfloat16}
+    return {"outcome": "ok"}
 
 
 def stack_memory(cfg: config.StackConfig) -> dict:
@@ -125,7 +141,7 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
         case = f"{kind}:{name}:{ATOL[line]}"
         record = by_case.get(case)
         row = {"model": name, "line": line, "client": client, "role": role, "server": "stock+multimolecule",
-               "trace": trace, "batch": batch, "expected": predicted(name, client)}
+               "trace": trace, "batch": batch, "expected": predicted(name, client, line)}
         if deploy_failure is not None:
             row.update(ok=False, max_abs_diff=None, built_class=None, error="DeployError", reason=deploy_failure)
         elif record is None:
@@ -235,14 +251,22 @@ def markdown(report: dict) -> str:
              + ", ".join(f"{name} (nnsight {p['versions'][name].get('nnsight')})" for name in clients) + ".", "",
              f"Tolerance against the local float32 trace: {d['tolerance']}. "
              f"Deployed on demand, {report['batch_size']} models per cold stack.", "",
-             "| model | client | role | trace | ok | as expected | max abs diff | server built | reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | client | role | trace | ok | expected | as expected | max abs diff | server built | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         reason = (row.get("reason") or "").strip().splitlines()
         diff = "" if row.get("max_abs_diff") is None else f"{row['max_abs_diff']:.4g}"
+        expected = row["expected"]
         lines.append(f"| {row['model']} | {row['client']} | {row['role']} | {row['trace']} | "
-                     f"{'yes' if row['ok'] else 'no'} | {'yes' if row['as_expected'] else '**no**'} | {diff} | "
+                     f"{'yes' if row['ok'] else 'no'} | "
+                     f"{expected['outcome'] + (' (' + expected['bug'] + ')' if 'bug' in expected else '')} | "
+                     f"{'yes' if row['as_expected'] else '**no**'} | {diff} | "
                      f"{row.get('built_class') or ''} | {(reason[-1] if reason else '')[:120].replace('|', '/')} |")
+    failed = [row for row in report["rows"] if row["role"] == "required" and not row["ok"]]
+    if failed:
+        lines += ["", "Required pairings not ok, with the error the client received:", ""]
+        lines += [f"- {row['model']} {row['trace']}: `{((row.get('reason') or '').strip().splitlines() or [''])[-1]}`"
+                  f" — predicted: {BUGS.get(row['expected'].get('bug'), 'ok')}" for row in failed]
     lines += ["", "| batch | models | seconds | stack RSS MiB | machine available MiB |", "|---|---|---|---|---|"]
     for b in report["batches"]:
         m = b["memory"]
