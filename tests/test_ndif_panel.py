@@ -35,6 +35,13 @@ def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
                                                          "message": panel.PROVISIONING}
 
 
+def test_a_base_bert_from_the_stock_key_is_predicted_to_fail_on_a_module_path_the_rebuilt_model_lacks():
+    # BertLMHeadModel keeps the base model under bert.; a BertModel's request names model.embeddings.
+    # (tests/test_wire.py serves the real request to a server built from the key.)
+    assert panel.predicted("bert-base", "main", "0.7") == {"outcome": "fail", "bug": "key",
+                                                           "message": panel.UNKNOWN_MODULE}
+
+
 def test_required_pairings_are_predicted_ok_except_a_model_that_cannot_run_in_the_servers_bfloat16():
     for name in models.extended():
         assert panel.predicted(name, "upstream-0.8", "0.8") == {"outcome": "ok"}

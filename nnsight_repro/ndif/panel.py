@@ -72,6 +72,9 @@ TRACES = {"read": "trace", "write": "write"}
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 PROVISIONING = "error provisioning the model deployment"
+#: A request that names a module (by its path under the wrapper, ``Module:model.<path>``) the model the
+#: server built does not have.
+UNKNOWN_MODULE = "Unknown persistent id: Module:model."
 
 
 def _say(message: str) -> None:
@@ -102,15 +105,21 @@ def predicted(name: str, client: str, line: str) -> dict:
 
     The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
     key bug), so the server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to
-    provision; a BERT becomes BertLMHeadModel, and then its request fails to load with the envoy bug's
-    ``hooked_output`` NameError (its layers have ``output`` children). Every other pairing is ``ok``,
-    except a model that cannot run in the dtype the server loads it in (``PanelModel.fails_in_bfloat16``,
-    ``config.Generation.dtype``): that fails on the server with the model's own error.
+    provision. A BERT becomes BertLMHeadModel, a head over the base model at ``bert.``: a masked LM's modules
+    are there too (``bert.*``; its ``cls`` head is BertLMHeadModel's), so its request loads as far as the
+    envoy bug's ``hooked_output`` NameError (its layers have ``output`` children); a base model
+    (``AutoModel``) keeps its modules at the root (``embeddings``, ``encoder``), a path the rebuilt model
+    does not have, so its request fails to load on the first module it names, before any class is rebuilt
+    (the key bug again). Every other pairing is ``ok``, except a model that cannot run in the dtype the
+    server loads it in (``PanelModel.fails_in_bfloat16``, ``config.Generation.dtype``): that fails on the
+    server with the model's own error.
     """
     entry = panel_models.get(name)
     if client == "main" and entry.encoder:
         if not entry.model_class.startswith(CAUSAL_LM_FAMILIES):
             return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+        if entry.automodel == "AutoModel":
+            return {"outcome": "fail", "bug": "key", "message": UNKNOWN_MODULE}
         if entry.has_output_child:
             return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
     if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16":
