@@ -8,6 +8,8 @@ sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose rea
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +109,25 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
                           "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)
     assert [r["trace"] for r in rows] == ["read", "write"]
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
+
+
+def test_stack_memory_counts_every_process_and_names_the_model_actors_by_their_ray_title(monkeypatch):
+    from nnsight_repro.ndif import config, netns
+
+    # A process titled as Ray titles a model actor's worker (argv[0]), beside this one.
+    actor = subprocess.Popen(["bash", "-c", f"exec -a '{panel.MODEL_ACTOR_TITLE}.execute' sleep 60"])
+    try:
+        for _ in range(100):  # until the exec has happened
+            if Path(f"/proc/{actor.pid}/cmdline").read_bytes().startswith(panel.MODEL_ACTOR_TITLE.encode()):
+                break
+            time.sleep(0.05)
+        monkeypatch.setattr(netns, "pids", lambda name: [os.getpid(), actor.pid])
+        memory = panel.stack_memory(config.default(line="0.8", extras=("multimolecule",)))
+    finally:
+        actor.kill()
+        actor.wait()
+    assert memory["processes"] == 2 and len(memory["model_actor_rss_mib"]) == 1, memory
+    assert memory["stack_rss_mib"] > memory["model_actor_rss_mib"][0], memory  # this process is counted too
 
 
 @pytest.mark.parametrize("args, message", [

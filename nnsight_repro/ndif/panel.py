@@ -127,20 +127,36 @@ def predicted(name: str, client: str, line: str) -> dict:
     return {"outcome": "ok"}
 
 
+#: How a model actor's process shows in /proc: Ray titles an actor's worker ``ray::<class>`` (plus the method
+#: it runs), and both generations' model actor is the adaptations' CPUModelActor (A9; 0.1.2's likewise).
+MODEL_ACTOR_TITLE = "ray::CPUModelActor"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def stack_memory(cfg: config.StackConfig) -> dict:
-    """Resident memory of every process in the stack's namespace, and what the machine has left (MiB)."""
-    rss = 0
-    for pid in netns.pids(cfg.netns):
+    """Resident memory of every process in the stack's namespace and of each model actor among them, and
+    what the machine has left (MiB)."""
+    rss, actors = 0, []
+    pids = netns.pids(cfg.netns)
+    for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1])
+            kib = _rss_kib(pid)
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:
-            pass  # exited since it was listed
+            continue  # exited since it was listed
+        rss += kib
+        if title.startswith(MODEL_ACTOR_TITLE):
+            actors.append(kib // 1024)
     available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemAvailable:")), 0)
-    return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024,
-            "processes": len(netns.pids(cfg.netns))}
+    return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
+            "model_actor_rss_mib": sorted(actors)}
 
 
 def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
@@ -276,11 +292,12 @@ def markdown(report: dict) -> str:
         lines += ["", "Required pairings not ok, with the error the client received:", ""]
         lines += [f"- {row['model']} {row['trace']}: `{((row.get('reason') or '').strip().splitlines() or [''])[-1]}`"
                   f" — predicted: {BUGS.get(row['expected'].get('bug'), 'ok')}" for row in failed]
-    lines += ["", "| batch | models | seconds | stack RSS MiB | machine available MiB |", "|---|---|---|---|---|"]
+    lines += ["", "| batch | models | seconds | stack RSS MiB | model actors' RSS MiB | machine available MiB |",
+              "|---|---|---|---|---|---|"]
     for b in report["batches"]:
         m = b["memory"]
         lines.append(f"| {b['batch']} | {', '.join(b['models'])} | {b['seconds']} | {m.get('stack_rss_mib', '')} | "
-                     f"{m.get('machine_available_mib', '')} |")
+                     f"{', '.join(map(str, m.get('model_actor_rss_mib', [])))} | {m.get('machine_available_mib', '')} |")
     s = report["summary"]
     lines += ["", f"{s['records']} records; {s['as_expected']} as expected; required pairings ok: "
                   f"{s['required_ok']}/{s['required']}; negative control failing as predicted: "
