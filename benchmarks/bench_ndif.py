@@ -5,6 +5,7 @@
     python3 benchmarks/bench_ndif.py --line 0.7            # 0.7 stack (ndif 0.0.1), patched server, patched client
     python3 benchmarks/bench_ndif.py --line 0.7 --server stock --models gpt2   # stock server, stock (main) client
     python3 benchmarks/bench_ndif.py --json results/benchmarks/ndif.json
+    python3 benchmarks/bench_ndif.py --with multimolecule  # the multimolecule flavour: a whole panel batch of RNA models
 
 Cold start: from nothing of the server running (a new namespace, wiped logs and Ray temp dir; the cached
 environments and model keys already made, and the time that took printed apart) through ``nnsight-repro
@@ -21,6 +22,12 @@ On the 0.7 stack the models are deployed the same way, under the keys of the cli
 server flavour: ``main`` (stock nnsight 0.7.0) against the stock server, ``patched`` against the patched
 one (masked LMs work only on the latter); its first client waits for the controller to list a node, and
 its request then waits for the model if it is still loading.
+
+With ``--with multimolecule`` the stack is that flavour's (its own folder and namespace) and the default
+models are one batch of the panel's RNA models (``ndif panel``'s batch size, all deployed at start); after
+the warm traces, every process's resident memory in the namespace and each model actor's
+(``panel.stack_memory``), and how many such actors the machine's memory would hold beside the rest of the
+stack.
 
 Needs root (network namespace). Refuses to run while a stack is up for this cache, so the start is cold,
 and always takes the stack down at the end. Not a test: on two shared cores the numbers move with load,
@@ -39,8 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nnsight_repro import envs, provenance  # noqa: E402
-from nnsight_repro.ndif import config, deploy, negative_control, netns, server_env, stack  # noqa: E402
+from nnsight_repro import envs, models as panel_models, provenance  # noqa: E402
+from nnsight_repro.ndif import config, deploy, negative_control, netns, panel, server_env, stack  # noqa: E402
 
 
 #: The local stack's bar (issue 3): cold start to the first successful remote trace.
@@ -77,6 +84,21 @@ def warm(cfg: config.StackConfig, models, client: str, repeat: int) -> dict:
     return record
 
 
+def memory(cfg: config.StackConfig) -> dict:
+    """The running stack's memory (:func:`panel.stack_memory`), and how many more model actors of the median
+    size the machine's memory holds beside what the stack runs besides its actors."""
+    found = panel.stack_memory(cfg)
+    total = next(int(line.split()[1]) // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                 if line.startswith("MemTotal:"))
+    actors = found["model_actor_rss_mib"]
+    found["machine_total_mib"] = total
+    if actors:
+        found["stack_without_actors_mib"] = found["stack_rss_mib"] - sum(actors)
+        found["model_actor_median_mib"] = statistics.median(actors)
+        found["actors_that_fit"] = int((total - found["stack_without_actors_mib"]) // found["model_actor_median_mib"])
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--line", choices=sorted(config.GENERATIONS), default="0.8",
@@ -88,6 +110,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="cold starts, each from nothing (the bar is judged on their median)")
     parser.add_argument("--repeat", type=int, default=10, help="warm traces per model, remote and local each")
+    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
+                        help="the server flavour's stack (as `ndif up --with`); default models: one panel batch "
+                             "of its RNA models")
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     line = args.line
@@ -95,9 +120,15 @@ def main(argv=None) -> int:
         parser.error("--server chooses the 0.7 stack's nnsight; the 0.8 stack runs stock nnsight 0.8.1")
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat take a positive number")
-    cfg = config.default(line=line, **({"server": args.server} if line == "0.7" else {}))
+    try:
+        cfg = config.default(line=line, extras=args.extras, **({"server": args.server} if line == "0.7" else {}))
+    except config.ConfigError as exc:
+        parser.error(str(exc))
     client = cfg.client
     default_models = deploy.SERVED if line == "0.8" or args.server == "patched" else deploy.SERVED_07
+    if cfg.extras:
+        default_models = [name for name, entry in panel_models.RNA_PANEL.items()
+                          if set(entry.requires) <= set(cfg.extras)][:panel.BATCH]
     models = [m for m in (args.models or ",".join(default_models)).split(",") if m]
     if netns.exists(cfg.netns):
         down = "" if line == "0.8" else f" --line {line}"
@@ -105,7 +136,7 @@ def main(argv=None) -> int:
                      f"running: `python3 -m nnsight_repro ndif down{down}` first")
 
     started = time.monotonic()
-    server_env.ensure(line=line)
+    server_env.ensure(line=line, extras=cfg.extras)
     server_env.redis_server()
     for name in cfg.generation.clients:
         envs.ensure(name)
@@ -117,9 +148,11 @@ def main(argv=None) -> int:
                   " ".join(["python3", "benchmarks/bench_ndif.py", *(argv or sys.argv[1:])]),
                   # As each interpreter reports them (the 0.7 server's nnsight also as `up` found it imported).
                   versions={"client": envs.reported_versions(envs.ensure(client, build=False)),
-                            "server": envs.reported_versions(server_env.ensure(build=False, line=line))},
+                            "server": envs.reported_versions(server_env.ensure(build=False, line=line,
+                                                                               extras=cfg.extras))},
                   server={"kind": "local NDIF stack", "line": line, "ndif": cfg.generation.ndif,
-                          "nnsight_flavour": args.server if line == "0.7" else "stock"}),
+                          "nnsight_flavour": args.server if line == "0.7" else "stock",
+                          "flavours": list(cfg.extras)}),
               "load_average_before": os.getloadavg(), "line": line, "models": models,
               "environments_ready_s": round(environments_s, 2), "cold_start_bar_s": COLD_START_BAR_S,
               "rounds": []}
@@ -131,6 +164,7 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
             if round_ == args.rounds:
                 record["warm"] = warm(cfg, models, client, args.repeat)
+                record["memory"] = memory(cfg)
             record["rounds"].append(cold)
         except stack.StackError as exc:
             # A round that fails is recorded; the rounds before it are kept.
@@ -159,8 +193,11 @@ def main(argv=None) -> int:
 
 def report(record: dict, args, client: str) -> None:
     server = "" if record["line"] == "0.8" else f" ({args.server} nnsight on the server)"
-    print(f"local NDIF {record['versions']['server']['ndif']}{server} / nnsight {record['versions']['client']['nnsight']} "
-          f"client ({client}), {record['cpus']} cores, load average {record['load_average_before'][0]:.1f} before, "
+    # Since every results file carries one provenance record, versions and the machine live under it.
+    made = record["provenance"]
+    versions, cpus = made["versions"], made["machine"]["cpus"]
+    print(f"local NDIF {versions['server']['ndif']}{server} / nnsight {versions['client']['nnsight']} "
+          f"client ({client}), {cpus} cores, load average {record['load_average_before'][0]:.1f} before, "
           f"{record['load_average_after'][0]:.1f} after; models: {', '.join(record['models'])}")
     print(f"environments and model keys (cached): {record['environments_ready_s']:6.1f} s")
     request = "once the model was HOT" if record["line"] == "0.8" else "sent once the controller listed a node"
@@ -192,6 +229,13 @@ def report(record: dict, args, client: str) -> None:
             print(f"  {m:34} FAILED: {t['error']}: {lines[-1] if lines else ''}")
             continue
         print(f"  {m:34} {t['remote_median_s'] * 1000:7.1f} ms {t['local_median_s'] * 1000:7.1f} ms {t['ratio']:8.1f}x")
+    mem = record.get("memory") or {}
+    if mem.get("model_actor_rss_mib"):
+        print(f"memory after the warm traces: stack {mem['stack_rss_mib']} MiB in {mem['processes']} processes, "
+              f"model actors {', '.join(map(str, mem['model_actor_rss_mib']))} MiB; the rest of the stack "
+              f"{mem['stack_without_actors_mib']} MiB; {mem['machine_total_mib']} MiB in the machine hold "
+              f"{mem['actors_that_fit']} actors of {mem['model_actor_median_mib']:.0f} MiB beside it "
+              f"(memory only; {cpus} cores run them)")
 
 
 if __name__ == "__main__":

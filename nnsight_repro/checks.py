@@ -135,17 +135,27 @@ class Subject:
             ("final_hidden", final, self.line.output_attr(final)),
         ]
 
-    def trace(self, ids, remote=None) -> Dict[str, object]:
-        """Save each read point's output; ``remote="local"`` goes through the serializer."""
-        points = self.read_points()
-        saved = {}
+    def inputs(self, ids, remote=None) -> Dict[str, object]:
+        """The keywords every trace of ``ids`` passes to ``model.trace`` (``remote``, if given).
+
+        The RNA/protein panel's models get an all-ones attention mask, as a user's tokenizer would give
+        them: multimolecule 0.2.2's UTR-LM embeddings call ``attention_mask.sum(-1)`` and fail on None
+        (``AttributeError: 'NoneType' object has no attribute 'sum'``, also without nnsight;
+        ``tests/test_upstream_repros.py``), and 0.7's LanguageModel makes no mask from an ``input_ids``
+        tensor (0.8's does). PANEL's models keep their inputs, and so every number they produce.
+        """
         kwargs = {} if remote is None else {"remote": remote}
         if self.entry.tokenizer is not None:
             import torch
 
-            # UTR-LM's embeddings read the attention mask, and 0.7's LanguageModel
-            # makes none from an input_ids tensor. (PANEL's models keep their inputs.)
             kwargs["attention_mask"] = torch.ones_like(ids)
+        return kwargs
+
+    def trace(self, ids, remote=None) -> Dict[str, object]:
+        """Save each read point's output; ``remote="local"`` goes through the serializer."""
+        points = self.read_points()
+        saved = {}
+        kwargs = self.inputs(ids, remote)
         with server_modules(self.entry.requires if remote == "local" else ()):
             with self.model.trace(ids, **kwargs):
                 for label, envoy, attr in points:

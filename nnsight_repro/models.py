@@ -76,9 +76,18 @@ class PanelModel:
     pretrained: Callable[[], Path] | None = None
     #: Whether a layer has a submodule named ``output`` (what 0.7.0 trips over).
     has_output_child: bool = True
+    #: What the model's forward raises when it is loaded in bfloat16, as NDIF loads models by default;
+    #: None: it runs (``tests/test_upstream_repros.py`` loads every panel model so and checks this).
+    fails_in_bfloat16: str | None = None
 
     def config_for(self, layers: int | None = None):
         return self.config(self.layers if layers is None else layers)
+
+    @property
+    def output_field(self) -> str:
+        """The field of the model's output a trace reads last: a base model (``AutoModel``) has no head,
+        so no logits; its output ends in the final hidden state."""
+        return "last_hidden_state" if self.automodel == "AutoModel" else "logits"
 
 
 def _bert_config(layers: int):
@@ -335,7 +344,8 @@ def _antiberty_tokenizer():
 
 
 def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, seed: int, text=RNA,
-                   substitution=RNA_SUBSTITUTION, unit=1, has_output_child=True, **config_extra) -> PanelModel:
+                   substitution=RNA_SUBSTITUTION, unit=1, has_output_child=True, fails_in_bfloat16=None,
+                   **config_extra) -> PanelModel:
     return PanelModel(
         name, _tiny(config_class, **config_extra), f"{family}ForMaskedLM", "AutoModelForMaskedLM", "fill-mask",
         # The encoder's output, not the last layer's: for the pre-LN families
@@ -344,8 +354,12 @@ def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, seed
         final_hidden="model.encoder", first_layer="model.encoder.layer.0", encoder=True,
         module="multimolecule", requires=MULTIMOLECULE, tokenizer=tokenizer, text=text, substitution=substitution,
         separator="", unit=unit, has_output_child=has_output_child, seed=seed,
+        fails_in_bfloat16=fails_in_bfloat16,
     )
 
+
+#: What multimolecule 0.2.2's ERNIE-RNA raises when loaded in bfloat16 (``from_pretrained(dtype=torch.bfloat16)``).
+BF16_MIXED_DTYPE = "RuntimeError: mixed dtype (CPU): expect parameter to have scalar type of Float"
 
 # Each multimolecule model has its own seed: RNABERT and SpliceBERT share the tiny shape and the
 # tokenizer, so with one seed they came out weight for weight identical and their numbers could
@@ -358,7 +372,11 @@ RNA_PANEL: Dict[str, PanelModel] = {
         # The ncRNA RNA-FM checkpoint (the mRNA one is codon=True).
         _multimolecule("rnafm", "RnaFm", "RnaFmConfig", _rna_tokenizer(), vocab_size=28, seed=3),
         _multimolecule("rinalmo", "RiNALMo", "RiNALMoConfig", _rna_tokenizer(), seed=4),
-        _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5),
+        # Its sinusoidal position table (multimolecule's SinusoidalEmbedding, a non-persistent buffer) is
+        # built float32 whatever dtype the model is loaded in; added to bfloat16 word embeddings it makes
+        # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU.
+        _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,
+                       fails_in_bfloat16=BF16_MIXED_DTYPE),
         _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),
         # utrbert-3mer: overlapping 3-mers, so one nucleotide change moves three tokens.
         _multimolecule("utrbert", "UtrBert", "UtrBertConfig", _rna_tokenizer(nmers=3), nmers=3, seed=7),

@@ -14,13 +14,19 @@ import warnings
 from nnsight_repro import channel
 
 
-def rebuild(key: str) -> dict:
+def wrapper(key: str, **kwargs):
+    """The nnsight wrapper a server builds from ``key``: the class the key's import path names, through its
+    ``from_model_key`` (``kwargs`` go to it, e.g. ``dispatch=True`` as a model actor loads)."""
     import_path, _, _fields = key.partition(":")
     module, _, cls = import_path.rpartition(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(importlib.import_module(module), cls).from_model_key(key, **kwargs)
+
+
+def rebuild(key: str) -> dict:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rebuilt = getattr(importlib.import_module(module), cls).from_model_key(key)
+        rebuilt = wrapper(key)
         return {"ok": True, "rebuilt_class": type(rebuilt._module).__name__}
     except Exception as exc:  # the failure is the finding
         return {"ok": False, "error": type(exc).__name__, "message": str(exc).strip().splitlines()[0][:300]}

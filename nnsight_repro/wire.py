@@ -2,9 +2,10 @@
 
 A client compiles a trace into the exact request bytes its remote backend
 would send (:func:`request`); a fresh process of *another* environment, the
-server, wraps the same model first and then deserializes the request against
-that wrapper's persistent objects and executes it (:func:`actor`), as a model
-actor does. Whether a patched client's requests run on a released server is
+server, wraps the same model first (or, with ``--from-key``, builds it from the
+client's key, as NDIF does) and then deserializes the request against that
+wrapper's persistent objects and executes it (:func:`actor`), as a model actor
+does. Whether a patched client's requests run on a released server is
 decided here, offline, by the two nnsight installs themselves.
 
 :func:`named_globals` reads which importable names a request makes the
@@ -29,17 +30,21 @@ TRACES = ("read", "write")
 def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
     """Run trace ``kind`` on ``subject``; the saved values by name (none when a backend only compiles it).
 
-    ``read`` saves the first layer's and the final hidden states' output and the logits; ``write`` zeroes
-    the first token's state in the first layer's output (zeroing every position would make a tiny model's
-    zero biases carry zeros to the logits, which proves little) and saves the logits. ``trace_kwargs`` go to
-    ``model.trace`` (``backend=...``, ``remote=True``).
+    ``read`` saves the first layer's and the final hidden states' output and the model's output; ``write``
+    zeroes the first token's state in the first layer's output (zeroing every position would make a tiny
+    model's zero biases carry zeros to the logits, which proves little) and saves the model's output: its
+    logits, or a base model's final hidden state (``PanelModel.output_field``). Values are named as the block
+    names them, which is how a model actor returns them (:func:`actor`). ``trace_kwargs`` go to
+    ``model.trace`` (``backend=...``, ``remote=True``), with the subject's own inputs (:meth:`Subject.inputs`).
     """
     import torch
 
     (_, first, attr), (_, final, final_attr) = subject.read_points()
+    field = subject.entry.output_field
     # Only nnsight's objects inside the block: it is what the request carries.
     model = subject.model
-    with torch.no_grad(), model.trace(subject.ids[0], **trace_kwargs):
+    ids = subject.ids[0]
+    with torch.no_grad(), model.trace(ids, **subject.inputs(ids), **trace_kwargs):
         if kind == "read":
             first_layer = getattr(first, attr).save()
             final_hidden = getattr(final, final_attr).save()
@@ -47,11 +52,11 @@ def traced(subject, kind: str, **trace_kwargs) -> Dict[str, object]:
             value = getattr(first, attr)
             hidden = value[0] if isinstance(value, tuple) else value
             hidden[:, 0] = 0
-        logits = model.output.logits.save()
+        output = getattr(model.output, field).save()
     if "backend" in trace_kwargs:  # compiled into a request, not run
         return {}
-    saved = {"logits": logits} if kind == "write" else \
-        {"first_layer": first_layer, "final_hidden": final_hidden, "logits": logits}
+    saved = {"output": output} if kind == "write" else \
+        {"first_layer": first_layer, "final_hidden": final_hidden, "output": output}
     return {name: _plain(value) for name, value in saved.items()}
 
 
@@ -74,11 +79,13 @@ def request(subject, kind: str) -> bytes:
     return capture.payload
 
 
-def actor(subject, payload: bytes) -> Dict[str, object]:
-    """What a model actor returns for ``payload``: deserialize against its own wrapper, execute."""
+def actor(subject, payload: bytes, model=None) -> Dict[str, object]:
+    """What a model actor returns for ``payload``: deserialize against its own wrapper (``model``; default the
+    subject's, the class the client meant), execute."""
     from nnsight.schema.request import RequestModel
 
-    loaded = RequestModel.deserialize(payload, subject.model._remoteable_persistent_objects(), compress=False)
+    model = subject.model if model is None else model
+    loaded = RequestModel.deserialize(payload, model._remoteable_persistent_objects(), compress=False)
     return {name: _plain(value) for name, value in loaded.tracer.execute(loaded.interventions).items()}
 
 
@@ -129,28 +136,37 @@ def write_requests(folder: Path, models, traces=TRACES) -> None:
 
     for model in models:
         subject = checks.Subject(model)
+        # The key the client sends, its repo id the saved model's path (the server loads that path).
+        (folder / f"{model}.key").write_text(checks.rebuild_job(subject)[1])
         for kind in traces:
             (folder / f"{model}.{kind}.request").write_bytes(request(subject, kind))
             torch.save(traced(subject, kind), folder / f"{model}.{kind}.local")
 
 
-def serve_requests(folders, models, traces=TRACES) -> list:
+def serve_requests(folders, models, traces=TRACES, from_key: bool = False) -> list:
     """Server side: every client folder's requests run as a model actor runs them, each against its local values.
 
-    A request that fails is a record, not a crash: the next one still runs.
+    The actor's wrapper is the subject's own (the class the client meant), or with ``from_key`` the one a
+    server builds from that client's key (:func:`nnsight_repro.rebuild_key.wrapper`), as NDIF does; each
+    record then names the class built. A request that fails is a record, not a crash: the next one still runs.
     """
     import torch
 
-    from . import checks
+    from . import checks, rebuild_key
 
     records = []
     for model in models:
         subject = checks.Subject(model)
         for folder in folders:
+            server = None
+            if from_key:
+                server = rebuild_key.wrapper((Path(folder) / f"{model}.key").read_text(), dispatch=True)
             for kind in traces:
                 record = {"client": Path(folder).name, "model": model, "trace": kind}
+                if server is not None:
+                    record["built_class"] = type(server._module).__name__
                 try:
-                    saves = actor(subject, (Path(folder) / f"{model}.{kind}.request").read_bytes())
+                    saves = actor(subject, (Path(folder) / f"{model}.{kind}.request").read_bytes(), server)
                 except Exception as exc:  # the server's answer, recorded as the user would see it
                     records.append({**record, **checks.failure(exc)})
                     continue
@@ -204,6 +220,8 @@ def main(argv=None) -> int:
     parser.add_argument("side", choices=["client", "server"])
     parser.add_argument("--models", required=True, help="comma-separated panel names")
     parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--from-key", action="store_true",
+                        help="server: build each model from the client's key, as NDIF does")
     parser.add_argument("folders", nargs="+", type=Path,
                         help="client: the folder to write into; server: each client's folder")
     args = parser.parse_args(argv)
@@ -212,7 +230,7 @@ def main(argv=None) -> int:
         write_requests(args.folders[0], models, traces)
         channel.send({"written": str(args.folders[0])})
     else:
-        channel.send({"records": serve_requests(args.folders, models, traces)})
+        channel.send({"records": serve_requests(args.folders, models, traces, from_key=args.from_key)})
     return 0
 
 

@@ -8,6 +8,8 @@ sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose rea
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -25,15 +27,30 @@ def test_tolerance_is_exact_on_08_and_five_bf16_units_at_the_values_magnitude_on
 
 
 def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
-    assert panel.predicted("gpt2", "main") == {"outcome": "ok"}
+    assert panel.predicted("gpt2", "main", "0.7") == {"outcome": "ok"}
+    # BERT masked LMs can be rebuilt as BertLMHeadModel, and then fail on the envoy bug; ESM and every
+    # multimolecule family have no causal LM, so the stock key fails to provision first.
+    for name in ("bert-mlm", "antiberty"):
+        assert panel.predicted(name, "main", "0.7")["bug"] == "envoy"
+    for name in ("esm-mlm", "rnabert", "rnamsm", "calm", "ernierna"):
+        assert panel.predicted(name, "main", "0.7") == {"outcome": "fail", "bug": "key",
+                                                         "message": panel.PROVISIONING}
+
+
+def test_a_base_bert_from_the_stock_key_is_predicted_to_fail_on_a_module_path_the_rebuilt_model_lacks():
+    # BertLMHeadModel keeps the base model under bert.; a BertModel's request names model.embeddings.
+    # (tests/test_wire.py serves the real request to a server built from the key.)
+    assert panel.predicted("bert-base", "main", "0.7") == {"outcome": "fail", "bug": "key",
+                                                           "message": panel.UNKNOWN_MODULE}
+
+
+def test_required_pairings_are_predicted_ok_except_a_model_that_cannot_run_in_the_servers_bfloat16():
     for name in models.extended():
-        assert panel.predicted(name, "patched") == {"outcome": "ok"}
-    # BERTs can be rebuilt as BertLMHeadModel, and then fail on the envoy bug; ESM and every multimolecule
-    # family have no causal LM, so the stock key fails to provision first.
-    for name in ("bert-mlm", "bert-base", "antiberty"):
-        assert panel.predicted(name, "main")["bug"] == "envoy"
-    for name in ("esm-mlm", "rnabert", "rnamsm", "calm"):
-        assert panel.predicted(name, "main")["bug"] == "key"
+        assert panel.predicted(name, "upstream-0.8", "0.8") == {"outcome": "ok"}
+        if name != "ernierna":
+            assert panel.predicted(name, "patched", "0.7") == {"outcome": "ok"}
+    assert panel.predicted("ernierna", "patched", "0.7") == {"outcome": "fail", "bug": "bfloat16",
+                                                             "message": models.BF16_MIXED_DTYPE}
 
 
 def _row(record, line="0.7", trace="read", built=None):
@@ -59,10 +76,32 @@ def test_a_record_is_ok_only_within_tolerance_at_every_point_and_without_an_erro
 
 def test_a_write_that_does_not_change_the_local_logits_is_not_ok():
     logits = {"max_abs_diff": 0.0, "dtype": "torch.float32", "shape": [1, 3, 32], "max_abs_local": 1.0}
-    record = {"ok": True, "key": "k", "logits": logits, "write_changes_local_logits": False}
+    record = {"ok": True, "key": "k", "logits": logits, "write_changes_local_output": False}
     assert not _row(record, line="0.8", trace="write")["ok"]
-    record["write_changes_local_logits"] = True
+    record["write_changes_local_output"] = True
     assert _row(record, line="0.8", trace="write")["ok"]
+
+
+def test_the_write_case_of_a_base_model_reads_its_final_hidden_state_and_matches_the_same_write_locally():
+    # The client's own write case, its server half run by nnsight's local simulation (serializer and all).
+    from nnsight_repro.ndif import remote_client
+
+    record = remote_client.case_write("bert-base", remote="local")
+    assert models.get("bert-base").output_field == "last_hidden_state" and "logits" not in record, record
+    assert record["ok"] and record["last_hidden_state"]["max_abs_diff"] == 0.0, record
+    assert record["write_changes_local_output"], record
+
+
+def test_the_clients_local_traces_of_utr_lm_run_on_07():
+    # 0.7's LanguageModel makes no attention mask from an input_ids tensor and UTR-LM's embeddings need one
+    # (tests/test_upstream_repros.py): both local halves of the panel's cases pass the subject's inputs.
+    from nnsight_repro import wire
+    from nnsight_repro.ndif import remote_client
+
+    s = remote_client.subject("utrlm")
+    assert "attention_mask" in s.inputs(s.ids[0])
+    assert set(remote_client.saves(s)) == {"first_layer", "final_hidden"}
+    assert list(wire.traced(s, "write")) == ["output"]
 
 
 def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():
@@ -70,6 +109,25 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
                           "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)
     assert [r["trace"] for r in rows] == ["read", "write"]
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
+
+
+def test_stack_memory_counts_every_process_and_names_the_model_actors_by_their_ray_title(monkeypatch):
+    from nnsight_repro.ndif import config, netns
+
+    # A process titled as Ray titles a model actor's worker (argv[0]), beside this one.
+    actor = subprocess.Popen(["bash", "-c", f"exec -a '{panel.MODEL_ACTOR_TITLE}.execute' sleep 60"])
+    try:
+        for _ in range(100):  # until the exec has happened
+            if Path(f"/proc/{actor.pid}/cmdline").read_bytes().startswith(panel.MODEL_ACTOR_TITLE.encode()):
+                break
+            time.sleep(0.05)
+        monkeypatch.setattr(netns, "pids", lambda name: [os.getpid(), actor.pid])
+        memory = panel.stack_memory(config.default(line="0.8", extras=("multimolecule",)))
+    finally:
+        actor.kill()
+        actor.wait()
+    assert memory["processes"] == 2 and len(memory["model_actor_rss_mib"]) == 1, memory
+    assert memory["stack_rss_mib"] > memory["model_actor_rss_mib"][0], memory  # this process is counted too
 
 
 @pytest.mark.parametrize("args, message", [

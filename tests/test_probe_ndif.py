@@ -2,9 +2,10 @@
 
 The script runs as a user runs it (a subprocess, no ``NDIF_HOST``), so it finds the session's local
 stacks and sends the probes through real clients inside their namespaces: the 0.8 line against the
-0.8 stack (fixture ``ndif_stack``), and the three 0.7 client lines against the 0.7 stack with a stock
+0.8 stack (fixture ``ndif_stack``), the three 0.7 client lines against the 0.7 stack with a stock
 and with a patched server (fixtures ``ndif07_stock`` / ``ndif07_patched``, which run the script while
-their stack is up). Bad input must give a clear message, a recorded outcome and a non-zero exit.
+their stack is up), and, with ``--with multimolecule``, the stock 0.7 server's client lines and 0.8's
+against each line's multimolecule stack, which the script brings up and down itself. Bad input must give a clear message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.
@@ -105,6 +106,60 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
             assert probe["observed"]["statuses"][0] == "RECEIVED"
             assert probe["observed"]["statuses"][-1] == "COMPLETED"
             assert f"[probe_ndif] {probe['id']}: RUNNING" in result.stdout
+
+
+# The multimolecule flavour: the RNA probes observe a remote trace ------------------------------------
+
+MULTIMOLECULE_PROBES = ("rnabert-masked-lm", "splicebert-masked-lm")
+#: The client lines run against each line's multimolecule stack: the stock 0.7 server's two and 0.8's
+#: (the patched 0.7 server would be a third cold stack; its plain pairing is tested below).
+FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
+
+
+@pytest.fixture(scope="module")
+def flavoured_probe_run(tmp_path_factory):
+    """The real probes with ``--with multimolecule``: the script brings up each line's multimolecule stack
+    (a folder and namespace of its own, beside any plain one) and down again."""
+    out = tmp_path_factory.mktemp("flavoured_probe_run")
+    result = run_script("--with", "multimolecule", "--line", ",".join(FLAVOURED_LINES), out=out)
+    return result, {line: records(out, f"{line}+multimolecule-") for line in FLAVOURED_LINES}
+
+
+def test_every_probe_observation_matches_its_declaration_on_the_multimolecule_flavour(flavoured_probe_run):
+    result, by_line = flavoured_probe_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for line, found in by_line.items():
+        (record,) = found
+        assert record["server_flavours"] == ["multimolecule"], line
+        mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
+        assert not mismatched, line
+
+
+def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(flavoured_probe_run):
+    _, by_line = flavoured_probe_run
+    for line in ("patched-client-only", "upstream-0.8"):
+        (record,) = by_line[line]
+        observed = {p["id"]: p["observed"] for p in record["probes"]}
+        for probe_id in MULTIMOLECULE_PROBES:
+            assert observed[probe_id]["status"] == "ok", (line, observed[probe_id])
+            assert observed[probe_id]["statuses"][-1] == "COMPLETED", (line, observed[probe_id])
+
+
+def test_the_stock_client_still_fails_to_provision_rna_models_on_the_multimolecule_flavour(flavoured_probe_run):
+    _, by_line = flavoured_probe_run
+    (record,) = by_line["main"]
+    observed = {p["id"]: p["observed"] for p in record["probes"]}
+    for probe_id in MULTIMOLECULE_PROBES:
+        assert "error provisioning the model deployment" in observed[probe_id]["message"], observed[probe_id]
+
+
+def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_names():
+    from nnsight_repro.ndif.feasibility import declarations
+
+    (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
+    assert declarations.expectation(probe, "upstream-0.8") == probe["expect"]["upstream-0.8"] != "ok"
+    assert declarations.expectation(probe, "upstream-0.8", ("multimolecule",)) == "ok"
+    assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
 # Failures on the server ----------------------------------------------------------------------------
@@ -213,6 +268,20 @@ def test_expectation_for_an_unknown_client_line_is_refused(tmp_path):
     assert "unknown client line(s) nightly" in result.stderr
 
 
+def test_expectation_for_an_unknown_server_flavour_is_refused(tmp_path):
+    bad = probe_file(tmp_path, CONTROL + '[probe.expect_with.nightly]\n"upstream-0.8" = "ok"\n')
+    result = run_script("--probes", str(bad), "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path / "out")
+    assert result.returncode == 2
+    assert "expect_with.nightly: unknown server flavour (flavours: multimolecule)" in result.stderr
+
+
+def test_unknown_server_flavour_on_the_command_line_is_refused(tmp_path):
+    result = run_script("--with", "nightly", "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path)
+    assert result.returncode == 2
+    assert "`--with` takes: multimolecule" in result.stderr
+    assert records(tmp_path, "refused-")
+
+
 def test_unknown_client_line_on_the_command_line_is_refused(tmp_path):
     result = run_script("--line", "nightly", out=tmp_path)
     assert result.returncode == 2
@@ -242,6 +311,13 @@ def test_probe_script_uses_a_running_stack_of_the_right_flavour_and_leaves_it_up
     probes = request.getfixturevalue(flavour)["probes"]
     assert probes["stack_still_up"]
     assert "bringing up" not in probes["stdout"], probes["stdout"][-2000:]
+
+
+def test_rna_probes_fail_to_provision_on_a_server_without_multimolecule(ndif07_stock):
+    (record,) = ndif07_stock["probes"]["records"]["patched-client-only"]
+    observed = {p["id"]: p["observed"] for p in record["probes"]}
+    for probe_id in MULTIMOLECULE_PROBES:
+        assert "error provisioning the model deployment" in observed[probe_id]["message"], observed[probe_id]
 
 
 def test_patched_client_against_a_stock_server_runs_every_encoder_probe(ndif07_stock):

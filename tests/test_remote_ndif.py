@@ -257,7 +257,7 @@ def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_loca
     if trace == "read":
         assert row["read_points"] == ["first_layer: output", "final_hidden: output"], row
     else:
-        assert row["write_changes_local_logits"], row
+        assert row["write_changes_local_output"], row
 
 
 def test_antiberty_runs_with_its_real_weights(ndif08_multimolecule):

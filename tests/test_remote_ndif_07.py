@@ -63,7 +63,7 @@ def assert_within_bf16_tolerance(record):
 
 
 def assert_write_within_bf16_tolerance(record):
-    assert record["ok"] and record["write_changes_local_logits"], record
+    assert record["ok"] and record["write_changes_local_output"], record
     assert record["logits"]["dtype"] == "torch.bfloat16" and record["logits"]["max_abs_diff"] <= ATOL, record
 
 
@@ -232,7 +232,7 @@ def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_serv
     if trace == "read":
         assert row["read_points"][0] == "first_layer: nns_output", row
     else:
-        assert row["write_changes_local_logits"], row
+        assert row["write_changes_local_output"], row
 
 
 def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_bugs_predict(ndif07_multimolecule):

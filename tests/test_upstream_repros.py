@@ -19,7 +19,8 @@ never to stdout, which a library may also write to.
 multimolecule 0.2.2's ERNIE-RNA forward on transformers 5.24 runs for real
 (the panel's tiny ERNIE-RNA, in ``main``, which has multimolecule), next to
 the transformers 5.24 change it trips on, shown on a bare output class shaped
-like ``ErnieRnaModelOutputWithPastAndCrossAttentions``.
+like ``ErnieRnaModelOutputWithPastAndCrossAttentions``; so do its UTR-LM
+forward without an attention mask and every panel model loaded in bfloat16.
 """
 
 import shutil
@@ -178,6 +179,67 @@ from nnsight_repro.channel import send
 send(record)
 """
 
+# multimolecule 0.2.2's UTR-LM masked LM (the panel's tiny one), one forward with the tokenizer's
+# input_ids and no attention mask (what 0.7's LanguageModel hands the model for an input_ids tensor), and
+# one with the all-ones mask the tokenizer would have given; no nnsight.
+UTR_LM_FORWARD = """
+import warnings
+warnings.simplefilter("ignore")
+from importlib.metadata import version
+import torch
+from nnsight_repro import models
+entry = models.get("utrlm")
+model, tokenizer = models.build_model(entry), models.tokenizer_for(entry)
+ids = models.token_ids(tokenizer, entry.text)
+record = {"multimolecule": version("multimolecule"), "token_dropout": model.config.token_dropout}
+for name, mask in (("without_mask", None), ("with_mask", torch.ones_like(ids))):
+    try:
+        with torch.no_grad():
+            record[name] = list(model(ids, attention_mask=mask).logits.shape)
+    except Exception as exc:
+        record[name] = f"{type(exc).__name__}: {exc}"
+from nnsight_repro.channel import send
+send(record)
+"""
+
+# Every panel model loaded from its saved directory in bfloat16, as NDIF loads a model by default
+# (from_pretrained(dtype=torch.bfloat16)), and one forward; ERNIE-RNA also loaded in float32 and then
+# cast with .to(torch.bfloat16), and the dtype of its sinusoidal position table after a bfloat16 load.
+BF16_FORWARD = """
+import warnings
+warnings.simplefilter("ignore")
+from importlib.metadata import version
+import torch, transformers
+from nnsight_repro import models
+record = {"multimolecule": version("multimolecule"), "forward": {}}
+
+def forward(model, entry):
+    tokenizer = models.tokenizer_for(entry)
+    ids = models.token_ids(tokenizer, entry.text)
+    mask = torch.ones_like(ids) if entry.tokenizer is not None else None
+    with torch.no_grad():
+        return str(getattr(model(ids, attention_mask=mask), entry.output_field).dtype)
+
+for name, entry in models.extended().items():
+    models.import_requirements(entry)
+    auto = getattr(transformers, entry.automodel)
+    try:
+        model = auto.from_pretrained(str(models.saved_model(name)), dtype=torch.bfloat16).eval()
+        if name == "ernierna":
+            record["ernierna_position_table"] = str(model.model.embeddings.position_embeddings.weight.dtype)
+        record["forward"][name] = forward(model, entry)
+    except Exception as exc:
+        record["forward"][name] = f"{type(exc).__name__}: {exc}"
+entry = models.get("ernierna")
+cast = transformers.AutoModelForMaskedLM.from_pretrained(str(models.saved_model("ernierna"))).to(torch.bfloat16)
+try:
+    record["ernierna_cast"] = forward(cast.eval(), entry)
+except Exception as exc:
+    record["ernierna_cast"] = f"{type(exc).__name__}: {exc}"
+from nnsight_repro.channel import send
+send(record)
+"""
+
 
 # Both lines: decorated functions defined in a real __main__ file, each sent
 # through nnsight's serializer and called. On 0.7.0 also Envoy.output, whose
@@ -260,6 +322,8 @@ REPROS = {
     "output_with_past_tf524": Repro("upstream-0.8", OUTPUT_WITH_PAST, overlay="transformers==5.24.0"),
     "ernierna_tf524": Repro("main", ERNIE_RNA_FORWARD, overlay="transformers==5.24.0"),
     "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
+    "utrlm_mask": Repro("main", UTR_LM_FORWARD),
+    "bf16": Repro("main", BF16_FORWARD),
     "decorated_081": Repro("upstream-0.8", DECORATED_ROUND_TRIP),
     "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08),
     "decorated_070": Repro("main", DECORATED_ROUND_TRIP),
@@ -390,6 +454,52 @@ def test_multimolecule_022_ernie_rna_forward_runs_on_transformers_5222(outcome):
     record = outcome("ernierna_tf5222")
     assert record.get("transformers") == "5.22.2" and "error" not in record, record
     assert record["logits"][0] == 1 and record["logits"][1] > 40, record  # 40 nt + special tokens
+
+
+# multimolecule 0.2.2's UTR-LM without an attention mask: its embeddings' token dropout divides by
+# attention_mask.sum(-1) with no fallback (transformers' ESM, which it follows, uses the sequence length),
+# and UtrLmModel hands the embeddings the caller's mask, not the one it derives from the pad token. So a
+# 0.7 client's trace of an input_ids tensor fails locally (checks.Subject.inputs passes the mask).
+
+def test_multimolecule_022_utr_lm_forward_without_an_attention_mask_fails(outcome):
+    record = outcome("utrlm_mask")
+    assert record.get("multimolecule") == "0.2.2" and record.get("token_dropout") is True, record
+    assert record.get("without_mask") == "AttributeError: 'NoneType' object has no attribute 'sum'", record
+
+
+def test_multimolecule_022_utr_lm_forward_with_an_attention_mask_runs(outcome):
+    record = outcome("utrlm_mask")
+    assert record.get("with_mask", [None])[0] == 1 and record["with_mask"][1] > 40, record  # 40 nt + specials
+
+
+# multimolecule 0.2.2's ERNIE-RNA in bfloat16: its SinusoidalEmbedding builds its table as a non-persistent
+# buffer with an explicit float32 default, whatever dtype the model is loaded in (a load builds modules in
+# the requested dtype and fills only the checkpoint's tensors); bfloat16 word embeddings plus that float32
+# table make a float32 sum, which the bfloat16 LayerNorm after it refuses on the CPU. NDIF loads models in
+# bfloat16 by default, so the 0.7 stack (ndif 0.0.1) shows it live: PanelModel.fails_in_bfloat16 declares it.
+
+def test_multimolecule_022_ernie_rna_fails_when_loaded_in_bfloat16(outcome):
+    record = outcome("bf16")
+    assert record.get("multimolecule") == "0.2.2", record
+    assert record["forward"]["ernierna"] == models.BF16_MIXED_DTYPE, record
+
+
+def test_multimolecule_022_ernie_rna_keeps_its_position_table_float32_when_loaded_in_bfloat16(outcome):
+    assert outcome("bf16").get("ernierna_position_table") == "torch.float32"
+
+
+def test_multimolecule_022_ernie_rna_runs_when_cast_to_bfloat16_after_loading(outcome):
+    # .to() casts buffers too, and the table is rebuilt in its buffer's dtype: only the load path fails.
+    assert outcome("bf16").get("ernierna_cast") == "torch.bfloat16"
+
+
+def test_the_panel_models_that_fail_in_bfloat16_are_exactly_those_declared(outcome):
+    found = outcome("bf16")["forward"]
+    assert set(found) == set(models.extended()), found
+    assert {name: error for name, error in found.items() if not error.startswith("torch.")} == \
+        {name: entry.fails_in_bfloat16 for name, entry in models.extended().items() if entry.fails_in_bfloat16}
+    assert all(found[name] == "torch.bfloat16" for name, entry in models.extended().items()
+               if not entry.fails_in_bfloat16), found
 
 
 # (vi) the serializer rebuilds a functools.wraps wrapper from the wrapped function ---

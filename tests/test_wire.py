@@ -10,6 +10,7 @@ deserializes each request against that wrapper's persistent objects and executes
 import pytest
 
 from nnsight_repro import envs, wire
+from nnsight_repro.ndif import panel
 
 CLIENTS = SERVERS = ("main", "patched")
 MODELS = ("gpt2", "bert-mlm", "esm-mlm")
@@ -41,6 +42,35 @@ def wire_run(tmp_path_factory):
         for record in found["records"]:
             records[server, record["client"], record["model"], record["trace"]] = record
     return folders, records
+
+
+#: The BERT family, which a released client's key has a stock server rebuild as BertLMHeadModel.
+KEYED = ("bert-mlm", "bert-base")
+
+
+@pytest.fixture(scope="module")
+def keyed_run(tmp_path_factory):
+    """The released client's BERT read requests, served as the public NDIF serves them: by a released
+    server that builds each model from the client's key. {model: record}."""
+    folder = tmp_path_factory.mktemp("keyed") / "main"
+    folder.mkdir()
+    env = envs.ensure("main")
+    args = ["-m", "nnsight_repro.wire", "--models", ",".join(KEYED), "--traces", "read"]
+    env.run_one([*args[:2], "client", *args[2:], str(folder)], doing="writing wire requests", timeout=600)
+    found = env.run_one([*args[:2], "server", "--from-key", *args[2:], str(folder)],
+                        doing="serving wire requests as a model actor built from the key", timeout=900)
+    return {record["model"]: record for record in found["records"]}
+
+
+@pytest.mark.parametrize("model", KEYED)
+def test_released_client_bert_request_fails_on_a_server_built_from_its_key_where_the_panel_predicts(
+        keyed_run, model):
+    """A masked LM's request loads into BertLMHeadModel as far as the envoy bug; a base model's names a
+    module at a path BertLMHeadModel does not have (``panel.predicted``, the live negative control's)."""
+    record = keyed_run[model]
+    expected = panel.predicted(model, "main", "0.7")
+    assert record["built_class"] == "BertLMHeadModel", record
+    assert not record["ok"] and expected["message"] in record["message"], (expected, record)
 
 
 @pytest.mark.parametrize("trace", wire.TRACES)
@@ -83,7 +113,7 @@ def test_write_changes_the_logits(wire_run, model):
     import torch
 
     folder = wire_run[0]["patched"]
-    read, write = (torch.load(folder / f"{model}.{trace}.local")["logits"] for trace in ("read", "write"))
+    read, write = (torch.load(folder / f"{model}.{trace}.local")["output"] for trace in ("read", "write"))
     assert not torch.equal(read, write)
 
 

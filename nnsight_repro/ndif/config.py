@@ -96,6 +96,13 @@ class Generation:
     servers: tuple = ("stock",)
     #: How far a remote value may be from the client's local float32 one (see :data:`BF16_ATOL`).
     atol: float = 0.0
+    #: The dtype the server loads every model in. NDIF's own default is bfloat16 on both generations:
+    #: ndif 0.0.1 sets it unconditionally (``BaseModelDeploymentArgs.dtype`` and
+    #: ``torch.set_default_dtype(torch.bfloat16)`` in every model actor); ndif 0.1.2 reads
+    #: ``NDIF_DEFAULT_DTYPE`` (default ``bfloat16``) and a deploy file's ``dtype``, which the 0.8 stack sets
+    #: to float32 so its traces compare bit for bit. A model that cannot run in bfloat16
+    #: (``PanelModel.fails_in_bfloat16``) fails on the 0.7 stack as it would on NDIF's default.
+    dtype: str = "float32"
 
 
 #: The 0.7 server's tolerance. ndif 0.0.1 loads every model in bfloat16 and makes it torch's default dtype
@@ -119,7 +126,8 @@ GENERATIONS: Dict[str, Generation] = {
         # One session of the negative control deploys up to four keys, so eight leave room.
         Generation("0.7", ndif="0.0.1", server_env="ndif-server-0.7", adaptations="nnsight_repro.ndif.adaptations_0_0_1",
                    clients=("main", "patched"), folder_name="ndif-0.7", netns_prefix="nnsr-ndif07-",
-                   ray_ports=RAY_PORTS_0_0_1, gpus=8, min_gpus=4, servers=("stock", "patched"), atol=BF16_ATOL),
+                   ray_ports=RAY_PORTS_0_0_1, gpus=8, min_gpus=4, servers=("stock", "patched"), atol=BF16_ATOL,
+                   dtype="bfloat16"),
     ]
 }
 
@@ -286,7 +294,7 @@ class StackConfig:
             "NDIF_RAY_TEMP_DIR": str(self.ray_temp),
             # gunicorn_conf binds 0.0.0.0; its control socket would land in ~/.gunicorn.
             "GUNICORN_CMD_ARGS": f"--bind 127.0.0.1:{self.api_port} --no-control-socket",
-            "NDIF_DEFAULT_DTYPE": "float32",
+            "NDIF_DEFAULT_DTYPE": self.generation.dtype,
             # /status is served from a Redis cache; the default 60 s would hide a fresh deploy.
             "NDIF_STATUS_TTL_S": "2",
             "RAY_USAGE_STATS_ENABLED": "0",

@@ -89,10 +89,10 @@ def minted(names: List[str], cache: Path, client: str) -> Dict[str, dict]:
     return {name: known[name] for name in names}
 
 
-def write_file(path: Path, minted: Dict[str, dict]) -> Path:
-    """The deploy file ``ndif deploy -f`` reads (JSON, which is YAML too)."""
+def write_file(path: Path, minted: Dict[str, dict], dtype: str) -> Path:
+    """The deploy file ``ndif deploy -f`` reads (JSON, which is YAML too); every model in ``dtype``."""
     specs = [{"checkpoint": m["path"], "task": m["task"], "model_key": m["key"], "pinned": True,
-              "dtype": "float32"} for m in minted.values()]
+              "dtype": dtype} for m in minted.values()]
     path.write_text(json.dumps({"models": specs}, indent=1) + "\n")
     return path
 

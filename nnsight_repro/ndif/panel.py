@@ -3,8 +3,9 @@
 ``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--models a,b] [--batch N] [--out-root DIR]`` runs, per
 line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
 masked LMs, AntiBERTy with its packaged weights) through :mod:`remote_client`'s ``trace`` (first encoder layer
-and final hidden states read) and ``write`` (the first layer's output written, the logits read) cases, each
-compared by the client with the same trace run locally, and writes ``results/ndif_<line>/panel.json`` and
+and final hidden states read) and ``write`` (the first layer's output written, the logits read, or a base
+model's final hidden state) cases, each compared by the client with the same trace run locally, and writes
+``results/ndif_<line>/panel.json`` and
 ``panel.md``: one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
 the server built (from the model actors' own records, :mod:`built_log`) and the provenance
 (:func:`nnsight_repro.provenance.record`, the one record every results file carries).
@@ -71,6 +72,9 @@ TRACES = {"read": "trace", "write": "write"}
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 PROVISIONING = "error provisioning the model deployment"
+#: A request that names a module (by its path under the wrapper, ``Module:model.<path>``) the model the
+#: server built does not have.
+UNKNOWN_MODULE = "Unknown persistent id: Module:model."
 
 
 def _say(message: str) -> None:
@@ -87,34 +91,72 @@ def cases(names: List[str], line: str) -> List[str]:
 CAUSAL_LM_FAMILIES = ("Bert",)
 
 
-def predicted(name: str, client: str) -> dict:
-    """What a pairing should give for a model: ``ok`` for the required pairings and the decoder; for the stock
-    0.7 client's encoders, the failure that comes first. Its key carries no ``automodel`` (the key bug), so the
-    server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to provision; a BERT
-    becomes BertLMHeadModel, and then its request fails to load with the envoy bug's ``hooked_output``
-    NameError (its layers have ``output`` children)."""
+#: What each predicted failure is, as the report says it.
+BUGS = {
+    "key": "the key bug (the stock key names no masked-LM class; the server rebuilds AutoModelForCausalLM)",
+    "envoy": "the envoy bug (0.7.0's synthesized envoy class cannot be rebuilt: hooked_output)",
+    "bfloat16": ("the model itself fails when loaded in the server's bfloat16, also without nnsight "
+                 "(models.PanelModel.fails_in_bfloat16; tests/test_upstream_repros.py)"),
+}
+
+
+def predicted(name: str, client: str, line: str) -> dict:
+    """What a pairing of ``line`` should give for a model, from the model's facts and the server's.
+
+    The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
+    key bug), so the server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to
+    provision. A BERT becomes BertLMHeadModel, a head over the base model at ``bert.``: a masked LM's modules
+    are there too (``bert.*``; its ``cls`` head is BertLMHeadModel's), so its request loads as far as the
+    envoy bug's ``hooked_output`` NameError (its layers have ``output`` children); a base model
+    (``AutoModel``) keeps its modules at the root (``embeddings``, ``encoder``), a path the rebuilt model
+    does not have, so its request fails to load on the first module it names, before any class is rebuilt
+    (the key bug again). Every other pairing is ``ok``, except a model that cannot run in the dtype the
+    server loads it in (``PanelModel.fails_in_bfloat16``, ``config.Generation.dtype``): that fails on the
+    server with the model's own error.
+    """
     entry = panel_models.get(name)
-    if client != "main" or not entry.encoder:
-        return {"outcome": "ok"}
-    if entry.model_class.startswith(CAUSAL_LM_FAMILIES) and entry.has_output_child:
-        return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
-    return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+    if client == "main" and entry.encoder:
+        if not entry.model_class.startswith(CAUSAL_LM_FAMILIES):
+            return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
+        if entry.automodel == "AutoModel":
+            return {"outcome": "fail", "bug": "key", "message": UNKNOWN_MODULE}
+        if entry.has_output_child:
+            return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
+    if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16":
+        return {"outcome": "fail", "bug": "bfloat16", "message": entry.fails_in_bfloat16}
+    return {"outcome": "ok"}
+
+
+#: How a model actor's process shows in /proc: Ray titles an actor's worker ``ray::<class>`` (plus the method
+#: it runs), and both generations' model actor is the adaptations' CPUModelActor (A9; 0.1.2's likewise).
+MODEL_ACTOR_TITLE = "ray::CPUModelActor"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def stack_memory(cfg: config.StackConfig) -> dict:
-    """Resident memory of every process in the stack's namespace, and what the machine has left (MiB)."""
-    rss = 0
-    for pid in netns.pids(cfg.netns):
+    """Resident memory of every process in the stack's namespace and of each model actor among them, and
+    what the machine has left (MiB)."""
+    rss, actors = 0, []
+    pids = netns.pids(cfg.netns)
+    for pid in pids:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1])
+            kib = _rss_kib(pid)
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:
-            pass  # exited since it was listed
+            continue  # exited since it was listed
+        rss += kib
+        if title.startswith(MODEL_ACTOR_TITLE):
+            actors.append(kib // 1024)
     available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemAvailable:")), 0)
-    return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024,
-            "processes": len(netns.pids(cfg.netns))}
+    return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
+            "model_actor_rss_mib": sorted(actors)}
 
 
 def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
@@ -124,7 +166,7 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
         case = f"{kind}:{name}:{ATOL[line]}"
         record = by_case.get(case)
         row = {"model": name, "line": line, "client": client, "role": role, "server": "stock+multimolecule",
-               "trace": trace, "batch": batch, "expected": predicted(name, client)}
+               "trace": trace, "batch": batch, "expected": predicted(name, client, line)}
         if deploy_failure is not None:
             row.update(ok=False, max_abs_diff=None, built_class=None, error="DeployError", reason=deploy_failure)
         elif record is None:
@@ -144,8 +186,8 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
                        built_class=built.get(record.get("key")), seconds=record.get("seconds"), points=points,
                        socket_race_retries=record.get("socket_race_retries", []))
             if trace == "write":
-                row["write_changes_local_logits"] = record.get("write_changes_local_logits")
-                row["ok"] = row["ok"] and bool(record.get("write_changes_local_logits"))
+                row["write_changes_local_output"] = record.get("write_changes_local_output")
+                row["ok"] = row["ok"] and bool(record.get("write_changes_local_output"))
             if trace == "read":
                 row["read_points"] = record.get("read_points")
             if "error" in record:
@@ -234,19 +276,28 @@ def markdown(report: dict) -> str:
              + ", ".join(f"{name} (nnsight {p['versions'][name].get('nnsight')})" for name in clients) + ".", "",
              f"Tolerance against the local float32 trace: {d['tolerance']}. "
              f"Deployed on demand, {report['batch_size']} models per cold stack.", "",
-             "| model | client | role | trace | ok | as expected | max abs diff | server built | reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | client | role | trace | ok | expected | as expected | max abs diff | server built | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         reason = (row.get("reason") or "").strip().splitlines()
         diff = "" if row.get("max_abs_diff") is None else f"{row['max_abs_diff']:.4g}"
+        expected = row["expected"]
         lines.append(f"| {row['model']} | {row['client']} | {row['role']} | {row['trace']} | "
-                     f"{'yes' if row['ok'] else 'no'} | {'yes' if row['as_expected'] else '**no**'} | {diff} | "
+                     f"{'yes' if row['ok'] else 'no'} | "
+                     f"{expected['outcome'] + (' (' + expected['bug'] + ')' if 'bug' in expected else '')} | "
+                     f"{'yes' if row['as_expected'] else '**no**'} | {diff} | "
                      f"{row.get('built_class') or ''} | {(reason[-1] if reason else '')[:120].replace('|', '/')} |")
-    lines += ["", "| batch | models | seconds | stack RSS MiB | machine available MiB |", "|---|---|---|---|---|"]
+    failed = [row for row in report["rows"] if row["role"] == "required" and not row["ok"]]
+    if failed:
+        lines += ["", "Required pairings not ok, with the error the client received:", ""]
+        lines += [f"- {row['model']} {row['trace']}: `{((row.get('reason') or '').strip().splitlines() or [''])[-1]}`"
+                  f" — predicted: {BUGS.get(row['expected'].get('bug'), 'ok')}" for row in failed]
+    lines += ["", "| batch | models | seconds | stack RSS MiB | model actors' RSS MiB | machine available MiB |",
+              "|---|---|---|---|---|---|"]
     for b in report["batches"]:
         m = b["memory"]
         lines.append(f"| {b['batch']} | {', '.join(b['models'])} | {b['seconds']} | {m.get('stack_rss_mib', '')} | "
-                     f"{m.get('machine_available_mib', '')} |")
+                     f"{', '.join(map(str, m.get('model_actor_rss_mib', [])))} | {m.get('machine_available_mib', '')} |")
     s = report["summary"]
     lines += ["", f"{s['records']} records; {s['as_expected']} as expected; required pairings ok: "
                   f"{s['required_ok']}/{s['required']}; negative control failing as predicted: "

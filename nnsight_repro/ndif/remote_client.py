@@ -20,6 +20,9 @@ Cases:
   panel model wrapped the way a user would, saving the first encoder layer's and the final hidden
   states' output) traced with ``remote=True`` and locally; ``ok`` when every value is within ``atol``
   of the local one (default 0: bit-identical). The record names the remote values' dtype.
+- ``write:<model>[:<atol>]``: the first layer's output written (its first token zeroed), the model's
+  output read (its logits; a base model's final hidden state), against the same write run locally; the
+  record says whether the write changed that output locally (``write_changes_local_output``).
 - ``error``: a trace whose body fails on the server; records the exception the client receives next to
   the one the same body raises locally.
 - ``large:<bytes>``: a result bigger than ``<bytes>`` (the server's inline cap); records which way it came
@@ -101,8 +104,7 @@ def saves(s: checks.Subject, remote=None) -> dict:
     variables, so the saves must be plain locals, not entries of a dict built inside the block.
     """
     (first_label, first_envoy, first_attr), (final_label, final_envoy, final_attr) = s.read_points()
-    kwargs = {} if remote is None else {"remote": remote}
-    with s.model.trace(s.ids[0], **kwargs):
+    with s.model.trace(s.ids[0], **s.inputs(s.ids[0], remote)):
         first = getattr(first_envoy, first_attr).save()
         final = getattr(final_envoy, final_attr).save()
     return {first_label: checks.hidden_states(first), final_label: checks.hidden_states(final)}
@@ -141,21 +143,24 @@ def case_trace(name: str, atol: float = 0.0) -> dict:
     return record
 
 
-def case_write(name: str, atol: float = 0.0) -> dict:
-    """A write on the server: its logits against the same write run locally, and proof that it wrote."""
+def case_write(name: str, atol: float = 0.0, remote=True) -> dict:
+    """A write on the server: the model's output after it (its logits; a base model's final hidden state,
+    ``PanelModel.output_field``) against the same write run locally, and proof that it wrote.
+    ``remote="local"`` runs the server's half through nnsight's own simulation (the offline test)."""
     from .. import wire
 
     s = subject(name)
+    field = s.entry.output_field
     KEYS[name] = s.model.to_model_key()
-    local, unwritten = wire.traced(s, "write")["logits"], wire.traced(s, "read")["logits"]
+    local, unwritten = wire.traced(s, "write")["output"], wire.traced(s, "read")["output"]
     started = time.perf_counter()
-    remote = remotely(lambda: wire.traced(s, "write", remote=True))["logits"]
+    remote = remotely(lambda: wire.traced(s, "write", remote=remote))["output"]
     same_shape = remote.shape == local.shape
     diff = float((remote.float() - local).abs().max()) if same_shape else None
     return {"seconds": round(time.perf_counter() - started, 3), "key": s.model.to_model_key(), "atol": atol,
-            "logits": {"shape": list(remote.shape), "dtype": str(remote.dtype), "max_abs_diff": diff,
-                       "max_abs_local": float(local.abs().max())},
-            "write_changes_local_logits": not bool((local == unwritten).all()),
+            field: {"shape": list(remote.shape), "dtype": str(remote.dtype), "max_abs_diff": diff,
+                    "max_abs_local": float(local.abs().max())},
+            "write_changes_local_output": not bool((local == unwritten).all()),
             "ok": diff is not None and diff <= atol}
 
 

@@ -451,7 +451,7 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
 def deploy_models(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
                   services: List[Service] = ()) -> None:
     """``ndif deploy -f`` the minted models; on failure a :class:`deploy.DeployError` naming each with its cause."""
-    deploy.write_file(cfg.deploy_file, minted)
+    deploy.write_file(cfg.deploy_file, minted, cfg.generation.dtype)
     log = cfg.logs / "deploy.log"
     # Appended to, so a failed up keeps every attempt; only this call's part is read back.
     offset = log.stat().st_size if log.exists() else 0

@@ -56,6 +56,9 @@ KINDS = {
     "trace": {"required": {"model", "select", "input", "hook"}, "optional": {"requires"}},
 }
 COMMON = {"id", "isolates", "kind", "expect"}
+#: Optional on every kind: ``expect_with.<flavour>.<client line>``, what a client line observes when its
+#: server has that flavour's packages (``probe_ndif.py --with``), where it differs from ``expect``.
+OPTIONAL = {"expect_with"}
 MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
 
 class ProbeFileError(Exception):
@@ -89,7 +92,7 @@ def validate_probe(at: int, probe) -> None:
     kind = probe.get("kind")
     if kind not in KINDS:
         raise ProbeFileError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
-    allowed = COMMON | KINDS[kind]["required"] | KINDS[kind]["optional"]
+    allowed = COMMON | OPTIONAL | KINDS[kind]["required"] | KINDS[kind]["optional"]
     unknown = set(probe) - allowed
     if unknown:
         raise ProbeFileError(f"{name}: unknown field(s) {', '.join(sorted(unknown))} for kind {kind!r} "
@@ -112,6 +115,7 @@ def validate_probe(at: int, probe) -> None:
         raise ProbeFileError(f"{name}: no expectation for client line(s) {', '.join(sorted(missing_lines))}")
     for client_line, value in expect.items():
         validate_expectation(f"{name} expect.{client_line}", value)
+    validate_expect_with(name, probe.get("expect_with", {}))
     if kind == "env":
         if not isinstance(probe["packages"], list) or not probe["packages"]:
             raise ProbeFileError(f"{name}: 'packages' must be a non-empty list")
@@ -120,6 +124,34 @@ def validate_probe(at: int, probe) -> None:
             raise ProbeFileError(f"{name}: critical package(s) {', '.join(sorted(stray))} are not among 'packages'")
     if kind == "trace":
         validate_trace(name, probe)
+
+
+def validate_expect_with(name: str, expect_with) -> None:
+    from nnsight_repro.ndif import server_packages
+
+    if not isinstance(expect_with, dict):
+        raise ProbeFileError(f"{name}: 'expect_with' must map server flavours to {{client line = outcome}}")
+    for flavour, by_line in expect_with.items():
+        if flavour not in server_packages.FLAVOURS:
+            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown server flavour "
+                                 f"(flavours: {', '.join(server_packages.FLAVOURS)})")
+        if not isinstance(by_line, dict) or not by_line:
+            raise ProbeFileError(f"{name}: expect_with.{flavour} must map client lines to outcomes")
+        unknown = set(by_line) - set(CLIENT_LINES)
+        if unknown:
+            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown client line(s) {', '.join(sorted(unknown))} "
+                                 f"(client lines: {', '.join(CLIENT_LINES)})")
+        for client_line, value in by_line.items():
+            validate_expectation(f"{name} expect_with.{flavour}.{client_line}", value)
+
+
+def expectation(probe: dict, client_line: str, flavours=()):
+    """What ``probe`` expects of ``client_line`` against a server with the packages of ``flavours``: a
+    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``."""
+    expected = probe["expect"][client_line]
+    for flavour in flavours:
+        expected = probe.get("expect_with", {}).get(flavour, {}).get(client_line, expected)
+    return expected
 
 
 def validate_trace(name: str, probe: dict) -> None:

@@ -4,7 +4,7 @@ and writes one JSON (+ markdown) per client line.
 ``scripts/ndif_feasibility/probe_ndif.py`` is its command line:
 
     python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line main,patched,...]
-                                                   [--host URL] [--out DIR]
+                                                   [--with multimolecule] [--host URL] [--out DIR]
 
 The probes (``scripts/ndif_feasibility/probes.toml`` by default) are validated by :mod:`.declarations`
 before any request: an unknown field, a missing one, an expectation that contradicts itself or names an
@@ -26,6 +26,11 @@ brought it up. An unreachable host, or a local stack that does not come up, is r
 probe's outcome (exit 1). A given host serves every client line as it is; the expectations are those of
 the local pairings.
 
+``--with FLAVOUR`` (as ``ndif up --with``): the server has that flavour's packages. Locally, each client
+line is served by its stack of that flavour (a folder and namespace of its own, :func:`config.default`),
+and every probe is judged by its ``expect_with.<flavour>`` expectation where it declares one
+(:func:`.declarations.expectation`); the results are named ``<client line>+<flavour>-<date>``.
+
 This runner knows nothing about any single probe: what a probe does is its ``kind``, handled by
 :mod:`.client`.
 """
@@ -43,8 +48,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from nnsight_repro import ROOT, channel, envs, fsutil, provenance
-from .declarations import (CLIENT_LINES, ProbeFileError, describe, headline, load_probes, matches, parse_lines,
-                           server_generation)
+from .declarations import (CLIENT_LINES, ProbeFileError, describe, expectation, headline, load_probes, matches,
+                           parse_lines, server_generation)
 
 DEFAULT_PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
@@ -101,14 +106,14 @@ class LocalStacks:
     stack comes up once.
     """
 
-    def __init__(self, say):
-        self.say, self.ours = say, {}
+    def __init__(self, say, extras=()):
+        self.say, self.ours, self.extras = say, {}, tuple(extras)
 
     def host(self, client_line: str) -> Host:
         from nnsight_repro.ndif import config, stack
 
         line = CLIENT_LINES[client_line]
-        cfg = config.default(line=line.stack, server=line.server)
+        cfg = config.default(line=line.stack, server=line.server, extras=self.extras)
         if stack.ensure_up(cfg, say=self.say):
             self.ours[cfg.netns] = cfg
         return Host(cfg.api_url, None, cfg)
@@ -210,7 +215,8 @@ def markdown(record: dict) -> str:
     server = made["server"]
     out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
            f"- made by `{made['command']}` on {made['host']} at {made['date']}",
-           f"- server: {server['url']} ({server['kind']}; {server['generation']})",
+           f"- server: {server['url']} ({server['kind']}; {server['generation']}"
+           + "".join(f", with {name}" for name in server.get("flavours", [])) + ")",
            f"- local server: {json.dumps(server.get('local'))}",
            f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
            f"- all matched: **{record['all_matched']}**", "",
@@ -228,6 +234,9 @@ def main(argv=None) -> int:
     parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
     parser.add_argument("--line", default=",".join(CLIENT_LINES),
                         help=f"client line(s), comma-separated (default: all): {', '.join(CLIENT_LINES)}")
+    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
+                        help="the server has this flavour's packages (repeatable; as `ndif up --with`): "
+                             "local stacks of that flavour, and each probe's expect_with.<flavour>")
     parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -246,16 +255,20 @@ def main(argv=None) -> int:
             indent=1) + "\n")
         return code
 
+    from nnsight_repro.ndif import server_packages
+
     try:
         chosen = parse_lines(args.line)
         probes = load_probes(args.probes)
-    except ProbeFileError as exc:
+        extras = tuple(f.name for f in server_packages.flavours(args.extras))
+    except (ProbeFileError, server_packages.FlavourError) as exc:
         return refuse(str(exc), EXIT_BAD_INPUT)
 
     url = args.host or os.environ.get("NDIF_HOST")
     api_key = os.environ.get("NDIF_API_KEY")
     given = Host(url, api_key) if url else None
-    local = LocalStacks(say)
+    local = LocalStacks(say, extras)
+    suffix = "".join(f"+{name}" for name in extras)
     exit_code = 0
     try:
         for client_line in serving_order(chosen):
@@ -276,12 +289,13 @@ def main(argv=None) -> int:
                 observed, context = run_line(client_line, probes, host, say)
             rows = []
             for probe in probes:
-                expected = probe["expect"][client_line]
+                expected = expectation(probe, client_line, extras)
                 rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
                              "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
             all_matched = all(r["matched"] for r in rows)
             record = {
-                "client_line": client_line, "all_matched": all_matched, "probes": rows,
+                "client_line": client_line, "server_flavours": list(extras), "all_matched": all_matched,
+                "probes": rows,
                 "seconds": round(time.perf_counter() - started, 3),
                 "context": {"pairing": CLIENT_LINES[client_line].shows, **context},
                 "provenance": provenance.record(
@@ -291,11 +305,12 @@ def main(argv=None) -> int:
                               or (local_server(host) or {}).get("nnsight") or {}},
                     server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
                             "generation": server_generation(client_line) if not given else "as the host reports",
+                            "flavours": list(extras),
                             # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
                             "local": local_server(host)},
                     details={"probe_file": str(args.probes)}),
             }
-            target = args.out / f"{client_line}-{provenance.stamp()}.json"
+            target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
             fsutil.write_text(target.with_suffix(".md"), markdown(record))
             print(table(rows), flush=True)
