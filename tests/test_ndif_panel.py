@@ -111,6 +111,45 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
 
 
+def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_traces_what_deployed(monkeypatch):
+    from nnsight_repro.ndif import deploy, netns, stack
+
+    attempted, traced = [], []
+
+    def deploy_models(cfg, env, minted):
+        (name,) = minted
+        attempted.append(name)
+        if name == "rnafm":
+            raise stack.StackError("Timed out after 300 s waiting for `ndif deploy` of rnafm.")
+        if name == "rnabert":
+            raise deploy.DeployError("Model(s) failed to deploy:\n  rnabert: ValueError: not recognized")
+
+    def run_client(cfg, cases, client, timeout):
+        traced.extend(cases)
+        return {case: {"ok": False, "error": "Fake", "message": "not a real trace"} for case in cases}
+
+    monkeypatch.setattr(netns, "exists", lambda name: False)
+    monkeypatch.setattr(stack, "up", lambda cfg, models, say: {})
+    monkeypatch.setattr(stack, "down", lambda cfg, say: {})
+    monkeypatch.setattr(stack, "minted_keys", lambda cfg, names: {n: {"key": n} for n in names})
+    monkeypatch.setattr(stack, "deploy_models", deploy_models)
+    monkeypatch.setattr(stack, "run_client", run_client)
+    monkeypatch.setattr(stack, "built_models", lambda cfg: [])
+    monkeypatch.setattr(server_env, "ensure", lambda **kw: None)
+    monkeypatch.setattr(panel, "stack_memory", lambda cfg: {})
+
+    result = panel.run_batch("0.8", ["rnabert", "splicebert", "rnafm", "rinalmo", "utrlm"], 1, say=lambda m: None)
+    # A model the server refuses does not stop the batch; one whose deployment stalls does, at once.
+    assert attempted == ["rnabert", "splicebert", "rnafm"]
+    assert {case.split(":")[1] for case in traced} == {"splicebert"}
+    reasons = {r["model"]: r["reason"] for r in result["rows"]}
+    assert "not recognized" in reasons["rnabert"] and "Timed out after 300 s" in reasons["rnafm"]
+    for name in ("rinalmo", "utrlm"):
+        assert reasons[name].startswith("not deployed: the stack stopped taking models at rnafm (Timed out"), reasons
+        assert "smaller --batch" in reasons[name]
+    assert len(result["rows"]) == 10 and not any(r["ok"] for r in result["rows"])
+
+
 def test_stack_memory_counts_every_process_and_names_the_model_actors_by_their_ray_title(monkeypatch):
     from nnsight_repro.ndif import config, netns
 

@@ -65,6 +65,14 @@ RAY_PORTS_0_0_1 = {6380: "ray gcs", 8076: "ray object manager", 10001: "ray clie
 #: nothing in it needs gRPC's state to survive a fork.
 RAY_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}
 
+#: The CPUs each stack's Ray node advertises (``RAY_OVERRIDE_RESOURCES``), both generations. Here a CPU is
+#: a scheduling slot, not a core: ndif's controller and every model actor reserve one (``num_cpus=1``)
+#: and then mostly wait. The whole panel on one stack is the controller, 15 actors, and on 0.7 the ones
+#: the stock client's keys deploy beside them. With 8, the eighth model's deployment stayed pending
+#: ("Pending Demands: {'CPU': 1.0}") until it timed out (measured, 0.8 stack). What a machine holds is
+#: bounded by memory (about 0.7 GiB per tiny-model actor: ``ndif panel``'s ``batches``), not by this.
+RAY_CPU_SLOTS = 32
+
 #: Where ndif's API (both generations) reaches Ray: Ray's client server inside the namespace.
 RAY_CLIENT_ADDRESS = "ray://127.0.0.1:10001"
 
@@ -302,7 +310,7 @@ class StackConfig:
             "TOKENIZERS_PARALLELISM": "false",
             # Adaptations (each explained in the adaptations module).
             "RAY_OVERRIDE_RESOURCES": json.dumps(
-                {"GPU": self.gpus, "CPU": 8, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
+                {"GPU": self.gpus, "CPU": RAY_CPU_SLOTS, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
             # Where the CPU model actor records what it built (built_log).
@@ -365,7 +373,7 @@ class StackConfig:
             # Adaptations (each explained in the adaptations module): fake GPUs, and where the CPU
             # model actor records what it built.
             "RAY_OVERRIDE_RESOURCES": json.dumps(
-                {"GPU": self.gpus, "CPU": 16, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
+                {"GPU": self.gpus, "CPU": RAY_CPU_SLOTS, "cuda_memory_bytes": 8_000_000_000 * self.gpus}),
             paths.variable("NDIF_BUILT_LOG"): str(self.built_log),
         }
         if role == "api":

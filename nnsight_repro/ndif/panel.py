@@ -201,9 +201,15 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
     return out
 
 
-def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say) -> dict:
+def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
+              while_up: Optional[Callable[[config.StackConfig], object]] = None) -> dict:
     """One cold stack of ``line`` (multimolecule flavour): ``names`` deployed on demand and traced by every
-    pairing's client; the stack is down again on return, also after a failure."""
+    pairing's client; the stack is down again on return, also after a failure.
+
+    ``while_up``, if given, is called with the stack's config once the batch is measured and before the
+    stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
+    probe script on the same cold stack instead of bringing up one more.
+    """
     cfg = config.default(line=line, extras=FLAVOUR)
     if netns.exists(cfg.netns):
         say(f"a {line} multimolecule stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
@@ -217,13 +223,23 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         if line == "0.8":
             env = server_env.ensure(build=False, line=line, extras=cfg.extras)
             minted = stack.minted_keys(cfg, names)
+            stalled = None
             for name in names:
+                if stalled:
+                    # The stack stopped taking models (a deployment timed out, or a service died): waiting
+                    # out the deploy timeout once per model left would only repeat it. What deployed is
+                    # still traced.
+                    deploy_failures[name] = f"not deployed: {stalled}"
+                    continue
                 say(f"batch {number}: deploying {name}")
                 try:
                     stack.deploy_models(cfg, env, {name: minted[name]})
-                except deploy.DeployError as exc:
+                except (deploy.DeployError, stack.StackError) as exc:
                     deploy_failures[name] = str(exc)
                     say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
+                    if isinstance(exc, stack.StackError):
+                        stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
+                                   f"rerun the models left with a smaller --batch")
             deployable = [name for name in names if name not in deploy_failures]
         for client, _role in PAIRINGS[line]:
             if not deployable:
@@ -238,10 +254,11 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         memory = stack_memory(cfg)
         built_records = stack.built_models(cfg)
         timings = state.get("timings", {})
+        also = while_up(cfg) if while_up else None
     except stack.StackError as exc:
         # The stack did not come up (or died between clients): the batch's models all carry the reason.
         say(f"batch {number}: {exc}")
-        memory, built_records, timings = {}, [], {}
+        memory, built_records, timings, also = {}, [], {}, None
         for client, _role in PAIRINGS[line]:
             by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
                                           for case in cases(names, line)})
@@ -253,7 +270,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
                                 deploy_failures.get(name), number)]
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
             "stack_timings": timings, "built": built_records, "rows": rows,
-            "netns_left_after_down": netns.exists(cfg.netns)}
+            "netns_left_after_down": netns.exists(cfg.netns), **({"while_up": also} if while_up else {})}
 
 
 def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say) -> dict:
