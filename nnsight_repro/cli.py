@@ -89,8 +89,12 @@ def _sdist_tree(name: str) -> Path:
     """The released sdist of the series' base, extracted into the cache."""
     import tarfile
 
-    version = series.base(name).tag.lstrip("v")
-    spec = next(s for s in envs.SPECS.values() if s.nnsight == version)
+    b = series.base(name)
+    version = b.tag.lstrip("v")
+    spec = next((s for s in envs.SPECS.values() if s.nnsight == version), None)
+    if spec is None or b.repo != "ndif-team/nnsight":
+        raise series.SeriesError(f"No released sdist of {b.describe()} is pinned here: pass --repo (a checkout "
+                                 f"of {b.commit[:10]}) or --tree.")
     archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
     target = envs.cache_dir() / "sdists" / f"nnsight-{version}"
     if not target.is_dir():
@@ -172,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["check"])
     s.add_argument("--series", default="nnsight-v0.7.0")
     where = s.add_mutually_exclusive_group()
-    where.add_argument("--repo", help="a git checkout of upstream nnsight at the base tag")
+    where.add_argument("--repo", help="a git checkout of the series' upstream at its base commit")
     where.add_argument("--tree", help="a source tree (e.g. an extracted sdist); default: the released sdist")
     s.set_defaults(run=cmd_series)
     return p

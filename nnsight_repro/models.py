@@ -374,7 +374,9 @@ RNA_PANEL: Dict[str, PanelModel] = {
         _multimolecule("rinalmo", "RiNALMo", "RiNALMoConfig", _rna_tokenizer(), seed=4),
         # Its sinusoidal position table (multimolecule's SinusoidalEmbedding, a non-persistent buffer) is
         # built float32 whatever dtype the model is loaded in; added to bfloat16 word embeddings it makes
-        # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU.
+        # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU. The fix, for upstream:
+        # patches/multimolecule-v0.2.2/0001-build-the-sinusoidal-position-table-in-the-default-d.patch
+        # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released.
         _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,
                        fails_in_bfloat16=BF16_MIXED_DTYPE),
         _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),

@@ -93,10 +93,34 @@ def with_series(env, series_name: str, destination: Path) -> Path:
     from . import series
 
     destination = Path(destination)
-    installed = sorted(env.path.glob("venv/lib/python*/site-packages/nnsight"))
-    if len(installed) != 1:
-        raise OverlayError(f"Expected one installed nnsight under {env.path}/venv, found {len(installed)}.")
-    shutil.copytree(installed[0], destination / "src" / "nnsight", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(site_packages(env, "nnsight") / "nnsight", destination / "src" / "nnsight",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(env.source / "tests", destination / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     series.apply(series_name, destination)
     return destination / "src"
+
+
+def with_package_series(env, package: str, series_name: str, destination: Path) -> Path:
+    """A copy of ``env``'s installed ``package`` with a fix series applied; put the result first on ``PYTHONPATH``.
+
+    For a package its repository keeps at the top level (multimolecule: ``multimolecule/`` in the repository
+    is ``multimolecule/`` in site-packages), so the copy is laid out as the repository and the series' paths
+    hold as they are. Its wheel has no ``tests/``: only the series' changes under ``package/`` are applied,
+    and the base check covers just those files (``series.apply(..., only=package)``). The copy carries no
+    ``.dist-info``, so ``importlib.metadata`` still reports the environment's own release.
+    """
+    from . import series
+
+    destination = Path(destination)
+    shutil.copytree(site_packages(env, package) / package, destination / package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    series.apply(series_name, destination, only=package)
+    return destination
+
+
+def site_packages(env, package: str) -> Path:
+    """The site-packages folder of ``env`` that holds ``package`` (raises unless exactly one does)."""
+    installed = sorted(env.path.glob(f"venv/lib/python*/site-packages/{package}"))
+    if len(installed) != 1:
+        raise OverlayError(f"Expected one installed {package} under {env.path}/venv, found {len(installed)}.")
+    return installed[0].parent

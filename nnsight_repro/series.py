@@ -1,4 +1,4 @@
-"""Our patch series for upstream nnsight: list it, check its base, apply it.
+"""Our patch series for upstream projects (nnsight; multimolecule): list one, check its base, apply it.
 
 A series lives in ``patches/<name>/``: ``git format-patch`` files and a
 ``series`` file that lists them in order, headed by the base they were cut
@@ -114,18 +114,27 @@ def git_blob(path: Path) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def check_tree(name: str, tree: Path) -> None:
-    """Raise SeriesError unless ``tree`` holds the series' base versions of every file it modifies."""
+def _under(rel: str, only: str | None) -> bool:
+    return only is None or rel.startswith(only.rstrip("/") + "/")
+
+
+def check_tree(name: str, tree: Path, only: str | None = None) -> None:
+    """Raise SeriesError unless ``tree`` holds the series' base versions of every file it modifies
+    (with ``only``, a folder: of every file it modifies under that folder, and there must be one)."""
     tree = Path(tree)
     b = base(name)
-    for rel, blob in preimages(name).items():
+    wanted = {rel: blob for rel, blob in preimages(name).items() if _under(rel, only)}
+    if only and not wanted:
+        raise SeriesError(f"patches/{name} modifies no existing file under {only}/, so a tree cannot be checked "
+                          f"against {b.describe()} there.")
+    for rel, blob in wanted.items():
         path = tree / rel
         actual = git_blob(path) if path.is_file() else None
         if actual is None or not actual.startswith(blob):
             found = "is missing" if actual is None else f"is blob {actual[:10]}, not {blob}"
             raise SeriesError(
                 f"patches/{name} applies to {b.describe()}, but {tree} is not that base: {rel} {found}. "
-                f"Point it at a checkout of {b.tag} or at the nnsight {b.tag.lstrip('v')} sdist."
+                f"Point it at a checkout of {b.tag} or at the released files patches/{name}/series names."
             )
 
 
@@ -133,14 +142,20 @@ def _git(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Completed
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
-def apply(name: str, tree: Path) -> None:
-    """Apply the series to a plain source tree (e.g. an extracted sdist), after checking its base."""
+def apply(name: str, tree: Path, only: str | None = None) -> None:
+    """Apply the series to a plain source tree (e.g. an extracted sdist), after checking its base.
+
+    ``only`` (a folder of the repository, e.g. ``multimolecule``) applies and checks just the changes under
+    it, for a tree that holds only that part: an installed package whose repository keeps it at the top
+    level is laid out as the repository there, but its wheel has no ``tests/``.
+    """
     tree = Path(tree).resolve()
-    check_tree(name, tree)
+    check_tree(name, tree, only)
     # Keep git from discovering a repository that happens to contain the tree.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
+    include = [f"--include={only.rstrip('/')}/*"] if only else []
     for patch in patches(name):
-        result = _git("apply", "--whitespace=nowarn", str(patch), cwd=tree, env=env)
+        result = _git("apply", "--whitespace=nowarn", *include, str(patch), cwd=tree, env=env)
         if result.returncode:
             raise SeriesError(f"{patch.name} does not apply to {tree}:\n{result.stderr.strip()}")
 

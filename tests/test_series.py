@@ -97,6 +97,29 @@ def test_series_digest_follows_every_patch(tmp_path, monkeypatch):
     assert series.digest(name) != before
 
 
+def test_series_base_check_limited_to_a_folder_passes_on_a_tree_of_only_that_folder(tmp_path):
+    # What an installed package gives (overlays.with_package_series): its library files, no tests/.
+    name = "nnsight-v0.7.0-extras"
+    shutil.copytree(released_source("main") / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.raises(series.SeriesError, match="tests/test_lambda_serialization.py is missing"):
+        series.check_tree(name, tmp_path)
+    series.check_tree(name, tmp_path, only="src")
+
+
+def test_series_applied_with_only_a_folder_changes_nothing_outside_it(tmp_path):
+    name = "nnsight-v0.7.0-extras"
+    shutil.copytree(released_source("main") / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    series.apply(name, tmp_path, only="src")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    with pytest.raises(series.SeriesError, match="serialization.py is blob"):
+        series.check_tree(name, tmp_path, only="src")  # it did change src/
+
+
+def test_series_base_check_limited_to_a_folder_it_does_not_modify_is_refused(tmp_path):
+    with pytest.raises(series.SeriesError, match="modifies no existing file under docs/"):
+        series.check_tree("nnsight-v0.7.0", tmp_path, only="docs")
+
+
 def test_unknown_series_is_refused_naming_the_known_ones():
     with pytest.raises(series.SeriesError, match="nnsight-v0.7.0"):
         series.patches("nnsight-v9.9.9")

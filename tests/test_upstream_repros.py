@@ -3,9 +3,10 @@
 Each repro asserts what upstream does *today*, so it turns red the day
 upstream changes it (then update the repro, and drop the fix we carry). Where
 we carry a small fix (``patches/nnsight-v0.7.0-extras``,
-``patches/nnsight-v0.8.1-extras``), a second test runs the same repro with the
-fix applied to a copy of the environment's installed nnsight and asserts the
-bug is gone, so each repro fails where the bug is and passes where fixed.
+``patches/nnsight-v0.8.1-extras``, ``patches/multimolecule-v0.2.2``), a second
+test runs the same repro with the fix applied to a copy of the environment's
+installed nnsight (or multimolecule) and asserts the bug is gone, so each repro
+fails where the bug is and passes where fixed.
 
 Every repro runs in a child process of the environment it is about (``main``
 is nnsight 0.7.0 as released, ``upstream-0.8`` is 0.8.1), from a script file:
@@ -36,6 +37,7 @@ from nnsight_repro import ROOT, channel, envs, models, overlays, series
 
 EXTRAS_07 = "nnsight-v0.7.0-extras"
 EXTRAS_08 = "nnsight-v0.8.1-extras"
+MULTIMOLECULE_FIX = "multimolecule-v0.2.2"
 
 #: The exact messages upstream gives today.
 NO_TOKENIZER = ("Exception: Impossible to guess which tokenizer to use. Please provide a PreTrainedTokenizer "
@@ -240,6 +242,34 @@ from nnsight_repro.channel import send
 send(record)
 """
 
+# multimolecule's ERNIE-RNA (the panel's tiny one) loaded in bfloat16, and loaded in float32 and then cast
+# with .to(torch.bfloat16): the same weights, one forward each; which SinusoidalEmbedding was imported.
+ERNIE_RNA_BF16_VS_CAST = """
+import warnings
+warnings.simplefilter("ignore")
+import torch, transformers
+from multimolecule.modules.embeddings import sinusoidal
+from nnsight_repro import models
+entry = models.get("ernierna")
+path = str(models.saved_model("ernierna"))
+ids = models.token_ids(models.tokenizer_for(entry), entry.text)
+loaded = transformers.AutoModelForMaskedLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+cast = transformers.AutoModelForMaskedLM.from_pretrained(path).to(torch.bfloat16).eval()
+weights, cast_weights = loaded.state_dict(), cast.state_dict()
+record = {"sinusoidal": sinusoidal.__file__,
+          "same_weights": weights.keys() == cast_weights.keys()
+                          and all(torch.equal(weights[k], cast_weights[k]) for k in weights)}
+try:
+    with torch.no_grad():
+        a = loaded(ids, attention_mask=torch.ones_like(ids)).logits
+        b = cast(ids, attention_mask=torch.ones_like(ids)).logits
+    record.update(dtypes=[str(a.dtype), str(b.dtype)], equal=bool(torch.equal(a, b)))
+except Exception as exc:
+    record["error"] = f"{type(exc).__name__}: {exc}"
+from nnsight_repro.channel import send
+send(record)
+"""
+
 
 # Both lines: decorated functions defined in a real __main__ file, each sent
 # through nnsight's serializer and called. On 0.7.0 also Envoy.output, whose
@@ -301,6 +331,7 @@ class Repro:
     script: str
     overlay: str | None = None  # a pinned package put first on PYTHONPATH
     fix: str | None = None  # a fix series applied to a copy of the installed nnsight
+    fix_of: str = "nnsight"  # the installed package ``fix`` applies to
     args: tuple = ()
 
 
@@ -324,6 +355,9 @@ REPROS = {
     "ernierna_tf5222": Repro("main", ERNIE_RNA_FORWARD),
     "utrlm_mask": Repro("main", UTR_LM_FORWARD),
     "bf16": Repro("main", BF16_FORWARD),
+    "bf16_fixed": Repro("main", BF16_FORWARD, fix=MULTIMOLECULE_FIX, fix_of="multimolecule"),
+    "ernierna_bf16_vs_cast_fixed": Repro("main", ERNIE_RNA_BF16_VS_CAST, fix=MULTIMOLECULE_FIX,
+                                         fix_of="multimolecule"),
     "decorated_081": Repro("upstream-0.8", DECORATED_ROUND_TRIP),
     "decorated_081_fixed": Repro("upstream-0.8", DECORATED_ROUND_TRIP, fix=EXTRAS_08),
     "decorated_070": Repro("main", DECORATED_ROUND_TRIP),
@@ -339,7 +373,9 @@ def run(name: str, repro: Repro, scratch: Path, bert: str) -> dict:
     if repro.overlay:
         path.insert(0, str(overlays.ensure(repro.overlay, env.python)))
     if repro.fix:
-        path.insert(0, str(overlays.with_series(env, repro.fix, scratch / f"{name}-fixed")))
+        fixed = scratch / f"{name}-fixed"
+        path.insert(0, str(overlays.with_series(env, repro.fix, fixed) if repro.fix_of == "nnsight"
+                           else overlays.with_package_series(env, repro.fix_of, repro.fix, fixed)))
     script = scratch / f"{name}.py"
     script.write_text(repro.script)
     args = [bert if a == "BERT" else a for a in repro.args]
@@ -502,6 +538,35 @@ def test_the_panel_models_that_fail_in_bfloat16_are_exactly_those_declared(outco
                if not entry.fails_in_bfloat16), found
 
 
+# The same with our fix (patches/multimolecule-v0.2.2: the table takes the default dtype in effect when the
+# module is built) applied to a copy of the installed multimolecule 0.2.2.
+
+def test_multimolecule_022_with_our_fix_ernie_rna_runs_when_loaded_in_bfloat16(outcome):
+    assert outcome("bf16_fixed")["forward"]["ernierna"] == "torch.bfloat16", outcome("bf16_fixed")
+
+
+def test_multimolecule_022_with_our_fix_ernie_rna_builds_its_position_table_in_bfloat16(outcome):
+    assert outcome("bf16_fixed").get("ernierna_position_table") == "torch.bfloat16"
+
+
+def test_multimolecule_022_with_our_fix_ernie_rna_still_runs_when_cast_to_bfloat16_after_loading(outcome):
+    assert outcome("bf16_fixed").get("ernierna_cast") == "torch.bfloat16"
+
+
+def test_multimolecule_022_with_our_fix_ernie_rna_loaded_in_bfloat16_equals_the_float32_load_cast(outcome):
+    record = outcome("ernierna_bf16_vs_cast_fixed")
+    assert "-fixed/multimolecule/" in record.get("sinusoidal", ""), record  # the patched copy, not the env's
+    assert record.get("same_weights") is True, record
+    assert record.get("dtypes") == ["torch.bfloat16", "torch.bfloat16"] and record.get("equal") is True, record
+
+
+def test_multimolecule_022_with_our_fix_every_other_panel_model_still_runs_in_bfloat16(outcome):
+    found = outcome("bf16_fixed")["forward"]
+    assert set(found) == set(models.extended()), found
+    assert {name: dtype for name, dtype in found.items() if name != "ernierna"} == \
+        {name: "torch.bfloat16" for name in models.extended() if name != "ernierna"}, found
+
+
 # (vi) the serializer rebuilds a functools.wraps wrapper from the wrapped function ---
 
 def test_081_stacked_wraps_decorators_come_back_as_the_undecorated_function(outcome):
@@ -565,6 +630,26 @@ def test_070_with_our_fix_an_envoy_subclass_from_main_runs_with_remote_local(out
 @pytest.mark.parametrize("name, env", [(EXTRAS_07, "main"), (EXTRAS_08, "upstream-0.8")])
 def test_fix_series_git_ams_cleanly_onto_the_released_source(name, env):
     series.am_onto_tree(name, envs.ensure(env, build=False).source)
+
+
+def test_multimolecule_fix_series_base_check_passes_on_the_released_022_files():
+    # Its base is a git commit whose sinusoidal.py the 0.2.2 wheel ships byte for byte (patches/.../series).
+    site = overlays.site_packages(envs.ensure("main", build=False), "multimolecule")
+    series.check_tree(MULTIMOLECULE_FIX, site, only="multimolecule")
+
+
+def test_multimolecule_fix_series_applies_to_a_copy_of_the_released_022_package(tmp_path):
+    fixed = overlays.with_package_series(envs.ensure("main", build=False), "multimolecule", MULTIMOLECULE_FIX,
+                                         tmp_path / "fixed")
+    assert "dtype: torch.dtype | None = None" in (fixed / "multimolecule/modules/embeddings/sinusoidal.py").read_text()
+    assert sorted(p.name for p in fixed.iterdir()) == ["multimolecule"]  # the series' tests/ part is left out
+
+
+def test_multimolecule_fix_series_refuses_a_copy_it_was_already_applied_to(tmp_path):
+    env = envs.ensure("main", build=False)
+    fixed = overlays.with_package_series(env, "multimolecule", MULTIMOLECULE_FIX, tmp_path / "fixed")
+    with pytest.raises(series.SeriesError, match="sinusoidal.py is blob"):
+        series.apply(MULTIMOLECULE_FIX, fixed, only="multimolecule")
 
 
 def test_070_fixes_apply_on_top_of_the_main_series(tmp_path):

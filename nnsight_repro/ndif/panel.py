@@ -96,7 +96,8 @@ BUGS = {
     "key": "the key bug (the stock key names no masked-LM class; the server rebuilds AutoModelForCausalLM)",
     "envoy": "the envoy bug (0.7.0's synthesized envoy class cannot be rebuilt: hooked_output)",
     "bfloat16": ("the model itself fails when loaded in the server's bfloat16, also without nnsight "
-                 "(models.PanelModel.fails_in_bfloat16; tests/test_upstream_repros.py)"),
+                 "(models.PanelModel.fails_in_bfloat16; tests/test_upstream_repros.py; the fix, for upstream: "
+                 "patches/multimolecule-v0.2.2)"),
 }
 
 
