@@ -5,7 +5,8 @@ stacks and sends the probes through real clients inside their namespaces: the 0.
 0.8 stack (fixture ``ndif_stack``), the three 0.7 client lines against the 0.7 stack with a stock
 and with a patched server (fixtures ``ndif07_stock`` / ``ndif07_patched``, which run the script while
 their stack is up), and, with ``--with multimolecule``, the stock 0.7 server's client lines and 0.8's
-against each line's multimolecule stack, which the script brings up and down itself. Bad input must give a clear message, a recorded outcome and a non-zero exit.
+against each line's multimolecule stack (fixtures ``ndif07_multimolecule`` / ``ndif08_multimolecule``,
+which run it on their panel batch's stack). Bad input must give a clear message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.
@@ -117,17 +118,25 @@ FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
 
 
 @pytest.fixture(scope="module")
-def flavoured_probe_run(tmp_path_factory):
-    """The real probes with ``--with multimolecule``: the script brings up each line's multimolecule stack
-    (a folder and namespace of its own, beside any plain one) and down again."""
-    out = tmp_path_factory.mktemp("flavoured_probe_run")
-    result = run_script("--with", "multimolecule", "--line", ",".join(FLAVOURED_LINES), out=out)
-    return result, {line: records(out, f"{line}+multimolecule-") for line in FLAVOURED_LINES}
+def flavoured_probe_run(ndif07_multimolecule, ndif08_multimolecule):
+    """The real probes with ``--with multimolecule``, run by the session's multimolecule stacks while they
+    are up (tests/ndif_fixture.py ``probe_script``): the script finds each healthy stack of its flavour and
+    uses it as it is. Their two runs, and the records by client line."""
+    runs = [ndif07_multimolecule["while_up"], ndif08_multimolecule["while_up"]]
+    by_line = {line: found for run in runs for line, found in run["records"].items()}
+    return runs, by_line
+
+
+def test_the_probe_runs_on_the_multimolecule_flavour_cover_its_client_lines_and_exit_zero(flavoured_probe_run):
+    runs, by_line = flavoured_probe_run
+    assert sorted(by_line) == sorted(FLAVOURED_LINES)
+    for run in runs:
+        assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
+        assert run["stack_still_up"], run["stdout"][-3000:]
 
 
 def test_every_probe_observation_matches_its_declaration_on_the_multimolecule_flavour(flavoured_probe_run):
-    result, by_line = flavoured_probe_run
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _, by_line = flavoured_probe_run
     for line, found in by_line.items():
         (record,) = found
         assert record["server_flavours"] == ["multimolecule"], line
