@@ -22,6 +22,7 @@ Stdlib only: this runs before anything is installed.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import hashlib
 import json
@@ -35,6 +36,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
@@ -453,9 +455,6 @@ def series_wheel(release: Path, name: str, source: Path, out: Path) -> Optional[
     was applied to), written into ``out``: the wheel a build of ``source`` would give, without compiling
     the C extension again. None when the series touches anything else a build reads (C sources, build
     configuration), which then needs a build of its own."""
-    import base64
-    import zipfile
-
     changed = series.touched(name)
     if not all((p.startswith("src/nnsight/") and p.endswith(".py")) or p.startswith(("tests/", "docs/"))
                for p in changed):
