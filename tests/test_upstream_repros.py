@@ -266,6 +266,11 @@ try:
     record.update(dtypes=[str(a.dtype), str(b.dtype)], equal=bool(torch.equal(a, b)))
 except Exception as exc:
     record["error"] = f"{type(exc).__name__}: {exc}"
+# The table a bfloat16 load gets (materialized by the forward above), against the float32 table rounded once.
+table = loaded.model.embeddings.position_embeddings.weight
+exact = sinusoidal.SinusoidalEmbedding.get_embedding(*table.shape, padding_idx=loaded.config.pad_token_id,
+                                                     dtype=torch.float32)
+record["table_is_float32_rounded_once"] = bool(torch.equal(table, exact.to(table.dtype)))
 from nnsight_repro.channel import send
 send(record)
 """
@@ -558,6 +563,11 @@ def test_multimolecule_022_with_our_fix_ernie_rna_loaded_in_bfloat16_equals_the_
     assert "-fixed/multimolecule/" in record.get("sinusoidal", ""), record  # the patched copy, not the env's
     assert record.get("same_weights") is True, record
     assert record.get("dtypes") == ["torch.bfloat16", "torch.bfloat16"] and record.get("equal") is True, record
+
+
+def test_multimolecule_022_with_our_fix_ernie_rna_bfloat16_table_is_the_float32_table_rounded_once(outcome):
+    # Computed in bfloat16 instead, positions above 256 collide and entries err by up to 2.0 (patches/PR.md §7).
+    assert outcome("ernierna_bf16_vs_cast_fixed").get("table_is_float32_rounded_once") is True
 
 
 def test_multimolecule_022_with_our_fix_every_other_panel_model_still_runs_in_bfloat16(outcome):
