@@ -137,6 +137,7 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
     monkeypatch.setattr(stack, "built_models", lambda cfg: [])
     monkeypatch.setattr(server_env, "ensure", lambda **kw: None)
     monkeypatch.setattr(panel, "stack_memory", lambda cfg: {})
+    monkeypatch.setattr(stack, "memory_group", lambda cfg: None)
 
     result = panel.run_batch("0.8", ["rnabert", "splicebert", "rnafm", "rinalmo", "utrlm"], 1, say=lambda m: None)
     # A model the server refuses does not stop the batch; one whose deployment stalls does, at once.
@@ -172,6 +173,7 @@ def test_stack_memory_counts_every_process_and_names_the_model_actors_by_their_r
 @pytest.mark.parametrize("args, message", [
     (["--models", "nope"], "unknown model(s) nope; the panel has: bert-mlm"),
     (["--batch", "0"], "--batch must be at least 1"),
+    (["--memory-limit", "0"], "--memory-limit is a positive number of MiB, not 0"),
     (["--line", "0.9"], "invalid choice: '0.9'"),
 ])
 def test_panel_command_refuses_bad_input_before_starting_anything(args, message):

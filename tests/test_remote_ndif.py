@@ -273,6 +273,9 @@ def test_multimolecule_flavour_builds_in_its_own_environment_and_leaves_nothing(
     assert all(b["nnsight_file"].startswith(env) for b in built), built
     assert ndif08_multimolecule["memory"]["stack_rss_mib"] > 0
     assert not ndif08_multimolecule["netns_left_after_down"]
+    # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
+    assert ndif08_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif08_multimolecule["memory"]
+    assert not ndif08_multimolecule["cgroup_left_after_down"]
 
 
 def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_refused():

@@ -254,3 +254,6 @@ def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing
     built = ndif07_multimolecule["built"]
     assert built and all(b["nnsight_file"].startswith(env) for b in built), built
     assert not ndif07_multimolecule["netns_left_after_down"]
+    # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
+    assert ndif07_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif07_multimolecule["memory"]
+    assert not ndif07_multimolecule["cgroup_left_after_down"]

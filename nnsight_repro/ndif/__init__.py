@@ -13,6 +13,7 @@ Modules, one concept each:
   adds, and where its server processes import them;
 - ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack``);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
+- ``memcg``: the stack's memory cgroup: where its memory is counted, optionally capped, and OOM kills show;
 - ``config``: the generations, ports, folders and the environment every server process gets;
 - ``adaptations_0_1_2``: the only code that runs *inside* the 0.1.2 server: the CPU model actor and the
   nnsight-0.8.1 compatibility shim, each named for the incompatibility it bridges;

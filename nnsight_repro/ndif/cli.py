@@ -54,6 +54,9 @@ def main(argv=None) -> int:
                    help=f"comma-separated panel models to deploy at start, under the keys the stack's own client "
                         f"mints (default: {','.join(deploy.SERVED)}; 0.7 stack: {','.join(deploy.SERVED_07)}, "
                         f"and any other key deploys on its first request; '' for none)")
+    u.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                   help="cap the memory of every process of the stack at MIB (its memory cgroup); without it the "
+                        "stack is uncapped, and an OOM kill is reported as one either way")
     u.add_argument("--server", default="stock", choices=["stock", "patched"],
                    help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
     stack_options(sub.add_parser("down", help="stop everything `up` started and delete the namespace"))
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
         if args.action == "up":
             if args.line == "0.8" and args.server != "stock":
                 parser.error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
-            cfg = config.default(line=args.line, server=args.server, extras=args.extras)
+            cfg = config.default(line=args.line, server=args.server, extras=args.extras,
+                                 memory_limit_mib=args.memory_limit)
             models = None if args.models is None else [m for m in args.models.split(",") if m]
             state = stack.up(cfg, models=models)
             print(f"up: API {state['api_url']} in namespace {state['netns']}; run clients with "

@@ -165,6 +165,9 @@ class StackConfig:
     server: str = "stock"
     #: Server flavours adding packages (``--with multimolecule``; :mod:`server_packages`), sorted, no repeats.
     extras: tuple = ()
+    #: A cap on the memory of every process of the stack, in MiB (its memory cgroup, :mod:`memcg`); None:
+    #: no cap of its own (the cgroup still counts and reports OOM kills).
+    memory_limit_mib: Optional[int] = None
 
     @property
     def generation(self) -> Generation:
@@ -261,6 +264,8 @@ class StackConfig:
             raise ConfigError(f"gpus must be at least {gen.min_gpus} for the {gen.line} stack: ndif's controller "
                               f"places models only on GPU nodes"
                               + (", one per deployment (fewer hot-swap each other out)." if gen.min_gpus > 1 else "."))
+        if self.memory_limit_mib is not None and (not isinstance(self.memory_limit_mib, int) or self.memory_limit_mib < 1):
+            raise ConfigError(f"memory limit {self.memory_limit_mib!r} is not a positive number of MiB.")
         if len(str(self.ray_temp)) > RAY_TEMP_MAX:
             raise ConfigError(f"Ray's temp dir {self.ray_temp} is too long a path for its Unix sockets "
                               f"(at most {RAY_TEMP_MAX} characters).")

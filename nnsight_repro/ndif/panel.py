@@ -19,7 +19,9 @@ before the next one comes up, so the stack never holds more than one batch's mod
 process with torch, nnsight and multimolecule imported; the stack's memory after every batch is recorded). On
 0.8 each model of a batch is deployed through ``ndif deploy``, one at a time, so a model the server cannot build
 is recorded with the server's reason and the next one still deploys; on 0.7 the server deploys a key on its
-first request, and a model it cannot build fails that request with the server's reason.
+first request, and a model it cannot build fails that request with the server's reason. A model that runs the
+stack out of memory (``--memory-limit`` caps it; :class:`stack.MemoryWatch`) is recorded with that cause and
+nothing more of its batch is deployed; a trace that failed meanwhile carries the cause on its reason's last line.
 
 Stdlib only: runs on the host; the clients and the server run in their environments.
 """
@@ -36,7 +38,7 @@ from typing import Callable, Dict, List, Optional
 
 from .. import ROOT, envs, fsutil, provenance
 from .. import models as panel_models
-from . import config, deploy, negative_control, netns, server_env, stack
+from . import config, deploy, memcg, negative_control, netns, server_env, stack
 
 FLAVOUR = ("multimolecule",)
 
@@ -141,8 +143,8 @@ def _rss_kib(pid: int) -> int:
 
 
 def stack_memory(cfg: config.StackConfig) -> dict:
-    """Resident memory of every process in the stack's namespace and of each model actor among them, and
-    what the machine has left (MiB)."""
+    """Resident memory of every process in the stack's namespace and of each model actor among them, what
+    the machine has left (MiB), and the stack's memory cgroup's counters (``cgroup``: OOM kills, peak, limit)."""
     rss, actors = 0, []
     pids = netns.pids(cfg.netns)
     for pid in pids:
@@ -156,8 +158,9 @@ def stack_memory(cfg: config.StackConfig) -> dict:
             actors.append(kib // 1024)
     available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemAvailable:")), 0)
+    group = stack.memory_group(cfg)
     return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
-            "model_actor_rss_mib": sorted(actors)}
+            "model_actor_rss_mib": sorted(actors), "cgroup": memcg.counters(group) if group else None}
 
 
 def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
@@ -202,16 +205,34 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
     return out
 
 
+def _name_out_of_memory(records: Dict[str, dict], watch: "stack.MemoryWatch") -> None:
+    """When the stack ran out of memory since ``watch`` was made, every failed record says so on the last line
+    of its message: the client only saw its trace fail."""
+    try:
+        watch()
+    except stack.OutOfMemory as exc:
+        for record in records.values():
+            if "error" in record or not record.get("ok"):
+                record["message"] = f"{record.get('message', '')}\n{exc}".strip()
+
+
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
-              while_up: Optional[Callable[[config.StackConfig], object]] = None) -> dict:
+              while_up: Optional[Callable[[config.StackConfig], object]] = None,
+              memory_limit_mib: Optional[int] = None) -> dict:
     """One cold stack of ``line`` (multimolecule flavour): ``names`` deployed on demand and traced by every
-    pairing's client; the stack is down again on return, also after a failure.
+    pairing's client; the stack is down again on return, also after a failure. ``memory_limit_mib`` caps the
+    stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
+
+    A model whose deployment runs the stack out of memory is recorded with that cause (the deploy's
+    :class:`stack.OutOfMemory`), and nothing more is deployed; a trace that failed while the kernel killed
+    processes of the stack carries the cause on the last line of its reason.
 
     ``while_up``, if given, is called with the stack's config once the batch is measured and before the
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
     probe script on the same cold stack instead of bringing up one more.
     """
-    cfg = config.default(line=line, extras=FLAVOUR)
+    cfg = config.default(line=line, extras=FLAVOUR, memory_limit_mib=memory_limit_mib)
+    group = None
     if netns.exists(cfg.netns):
         say(f"a {line} multimolecule stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
         stack.down(cfg)
@@ -220,6 +241,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     started = time.monotonic()
     try:
         state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
+        group = stack.memory_group(cfg)
         deployable = list(names)
         if line == "0.8":
             env = server_env.ensure(build=False, line=line, extras=cfg.extras)
@@ -246,12 +268,14 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
             if not deployable:
                 break
             say(f"batch {number}: {client} client: {', '.join(deployable)}")
+            watch = stack.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
             try:
                 by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
             except stack.StackError as exc:
-                # The client or the stack died (memory, say): every case of this client is reported with it.
+                # The client or the stack died: every case of this client is reported with it.
                 by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
                                      for case in cases(deployable, line)}
+            _name_out_of_memory(by_client[client], watch)
         memory = stack_memory(cfg)
         built_records = stack.built_models(cfg)
         timings = state.get("timings", {})
@@ -271,15 +295,17 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
                                 deploy_failures.get(name), number)]
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
             "stack_timings": timings, "built": built_records, "rows": rows,
-            "netns_left_after_down": netns.exists(cfg.netns), **({"while_up": also} if while_up else {})}
+            "netns_left_after_down": netns.exists(cfg.netns),
+            "cgroup_left_after_down": bool(group and group.path.exists()), **({"while_up": also} if while_up else {})}
 
 
-def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say) -> dict:
+def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say,
+             memory_limit_mib: Optional[int] = None) -> dict:
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
     results = []
     for number, chunk in enumerate(batches, 1):
         say(f"{line}: batch {number}/{len(batches)}: {', '.join(chunk)}")
-        results.append(run_batch(line, chunk, number, say))
+        results.append(run_batch(line, chunk, number, say, memory_limit_mib=memory_limit_mib))
     return {"batches": results, "rows": [row for result in results for row in result["rows"]]}
 
 
@@ -310,12 +336,15 @@ def markdown(report: dict) -> str:
         lines += ["", "Required pairings not ok, with the error the client received:", ""]
         lines += [f"- {row['model']} {row['trace']}: `{((row.get('reason') or '').strip().splitlines() or [''])[-1]}`"
                   f" — predicted: {BUGS.get(row['expected'].get('bug'), 'ok')}" for row in failed]
-    lines += ["", "| batch | models | seconds | stack RSS MiB | model actors' RSS MiB | machine available MiB |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| batch | models | seconds | stack RSS MiB | model actors' RSS MiB | machine available MiB "
+                  "| cgroup peak MiB | OOM kills |",
+              "|---|---|---|---|---|---|---|---|"]
     for b in report["batches"]:
         m = b["memory"]
+        group = m.get("cgroup") or {}
         lines.append(f"| {b['batch']} | {', '.join(b['models'])} | {b['seconds']} | {m.get('stack_rss_mib', '')} | "
-                     f"{', '.join(map(str, m.get('model_actor_rss_mib', [])))} | {m.get('machine_available_mib', '')} |")
+                     f"{', '.join(map(str, m.get('model_actor_rss_mib', [])))} | {m.get('machine_available_mib', '')} "
+                     f"| {group.get('peak_mib', '')} | {group.get('oom_kills', '')} |")
     s = report["summary"]
     lines += ["", f"{s['records']} records; {s['as_expected']} as expected; required pairings ok: "
                   f"{s['required_ok']}/{s['required']}; negative control failing as predicted: "
@@ -332,7 +361,8 @@ def summary(rows: List[dict]) -> dict:
             "models": sorted({r["model"] for r in rows})}
 
 
-def report_for(line: str, result: dict, command: str, batch: int, started: str) -> dict:
+def report_for(line: str, result: dict, command: str, batch: int, started: str,
+               memory_limit_mib: Optional[int] = None) -> dict:
     server = server_env.ensure(build=False, line=line, extras=FLAVOUR)
     packages = envs.reported_versions(server)
     versions = {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]}
@@ -344,6 +374,7 @@ def report_for(line: str, result: dict, command: str, batch: int, started: str) 
                        "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"}
     details = {
         "started": started,
+        "memory_limit_mib": memory_limit_mib,
         "memory_note": (f"{batch} models per cold stack, each batch's stack down before the next comes up; the "
                         f"stack's resident memory after each batch's traces is in `batches`"),
         "tolerance": ("0, bit-identical: the server computes in float32" if line == "0.8" else
@@ -366,6 +397,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=None,
                         help=f"comma-separated panel models (default all: {','.join(panel_models.extended())})")
     parser.add_argument("--batch", type=int, default=BATCH, help=f"models per cold stack (default {BATCH})")
+    parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                        help="cap each batch's stack at MIB (its memory cgroup; default: no cap of its own)")
     parser.add_argument("--out-root", default=str(ROOT / "results"),
                         help="results root: writes <root>/ndif_<line>/panel.json and panel.md")
     args = parser.parse_args(argv)
@@ -376,12 +409,14 @@ def main(argv=None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown) or '(none given)'}; the panel has: {', '.join(known)}")
     if args.batch < 1:
         parser.error(f"--batch must be at least 1, not {args.batch}")
+    if args.memory_limit is not None and args.memory_limit < 1:
+        parser.error(f"--memory-limit is a positive number of MiB, not {args.memory_limit}")
     command = provenance.command_line(argv, program="python3 -m nnsight_repro ndif panel")
     try:
         for line in args.line or ["0.8", "0.7"]:
             started = provenance.date()
-            result = run_line(line, names, args.batch)
-            report = report_for(line, result, command, args.batch, started)
+            result = run_line(line, names, args.batch, memory_limit_mib=args.memory_limit)
+            report = report_for(line, result, command, args.batch, started, args.memory_limit)
             out = Path(args.out_root) / f"ndif_{line}"
             fsutil.write_text(out / "panel.json", json.dumps(report, indent=1) + "\n")
             fsutil.write_text(out / "panel.md", markdown(report))

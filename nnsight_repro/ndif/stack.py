@@ -12,9 +12,14 @@ is deployed once more through ``ndif deploy``, which names the exception it fail
 Foreground starts, because then each service is a process this module started and watches: one that
 exits during ``up`` is reported with the end of its log instead of being waited on.
 
-``down`` kills exactly the processes in the namespace (TERM, then KILL) and deletes it; it never runs
-``ray stop`` or ``ndif stop``, which kill every Ray process on the host. It is safe to call at any time,
-also after a failed or half-finished ``up``, and ``up`` calls it itself when it fails.
+Every service runs in the stack's memory cgroup (:mod:`memcg`; capped by ``--memory-limit``, uncapped by
+default), and every wait of ``up`` and of a deploy watches its OOM-kill count: when the kernel kills a
+process of the stack for want of memory, the wait ends at once with :class:`OutOfMemory`, which says so,
+instead of timing out on a model actor that is gone.
+
+``down`` kills exactly the processes in the namespace (TERM, then KILL), deletes it and removes the cgroup;
+it never runs ``ray stop`` or ``ndif stop``, which kill every Ray process on the host. It is safe to call at
+any time, also after a failed or half-finished ``up``, and ``up`` calls it itself when it fails.
 
 Logs stay in ``<cache>/ndif/logs`` until the next ``up`` (Ray's own are under ``<cache>/ndif/ray``).
 
@@ -50,12 +55,16 @@ from typing import Callable, Dict, List, Optional
 from .. import ROOT, channel, envs, fsutil
 from .. import models as panel
 from . import config as configuration
-from . import deploy, netns, server_env
+from . import deploy, memcg, netns, server_env
 
 
 
 class StackError(Exception):
     """The stack cannot be brought up, used or found; the message says what to do."""
+
+
+class OutOfMemory(StackError):
+    """The kernel killed processes of the stack for want of memory (counted in its memory cgroup)."""
 
 
 #: The failures every ``ndif`` command reports as ``error: <message>`` with exit status 2 instead of a
@@ -160,11 +169,15 @@ class Service:
         self.cwd, self.role = cwd, role
         self.process: Optional[subprocess.Popen] = None
 
-    def start(self, cfg: configuration.StackConfig, env: Dict[str, str]) -> None:
+    def start(self, cfg: configuration.StackConfig, env: Dict[str, str], group: Optional[memcg.Cgroup]) -> None:
+        argv = netns.command(cfg.netns, self.argv)
+        if group:
+            # Joined outside the namespace: `ip netns exec` mounts a sysfs of its own, without the cgroup mounts.
+            argv = memcg.command(group, argv)
         with open(self.log, "ab") as log:
             # start_new_session: a Ctrl-C in the terminal that ran `up` must not reach the stack;
             # `down` stops it.
-            self.process = subprocess.Popen(netns.command(cfg.netns, self.argv), env=env, cwd=self.cwd or cfg.folder,
+            self.process = subprocess.Popen(argv, env=env, cwd=self.cwd or cfg.folder,
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
 
@@ -252,18 +265,78 @@ def ensure_ports_free(cfg: configuration.StackConfig, services: List[Service]) -
 
 
 def _wait(what: str, ready: Callable[[], object], services: List[Service], timeout: float,
-          interval: float = 0.5):
-    """Poll ``ready`` until it returns something truthy; fail early if a service dies."""
+          interval: float = 0.5, watch: Callable[[], None] = lambda: None):
+    """Poll ``ready`` until it returns something truthy; fail early if a service dies or ``watch`` raises."""
     deadline = time.monotonic() + timeout
     while True:
         for service in services:
             service.check_alive()
+        watch()
         value = ready()
         if value:
             return value
         if time.monotonic() > deadline:
             raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}.")
         time.sleep(interval)
+
+
+# Memory ----------------------------------------------------------------------------------------------
+
+def memory_group(cfg: configuration.StackConfig) -> Optional[memcg.Cgroup]:
+    """The running stack's memory cgroup (from its state), or None when it runs without one."""
+    info = (read_state(cfg) or {}).get("memory") or {}
+    return memcg.Cgroup(Path(info["cgroup"]), info["version"]) if info.get("cgroup") else None
+
+
+def out_of_memory(counters: dict, what: str, how: str) -> str:
+    """What to tell a user whose stack ran out of memory ``what`` (while ...), ``how`` (what the kernel did)."""
+    cap = (f"its memory limit is {counters['limit_mib']} MiB" if counters.get("limit_mib") is not None
+           else "it has no memory limit of its own: the machine ran out")
+    return (f"The stack ran out of memory {what}: {how} ({cap}, its peak {counters.get('peak_mib')} MiB; memory "
+            f"cgroup {counters.get('cgroup')}). Deploy fewer models at once (`ndif panel --batch`), or give the "
+            f"stack more memory (`--memory-limit`).")
+
+
+class MemoryWatch:
+    """A check for :func:`_wait`: raises :class:`OutOfMemory` as soon as the stack has run out of memory
+    since the watch was made, instead of letting the wait time out on a model actor that is gone or stuck.
+
+    Out of memory is either of what the kernel does at a memory cgroup's limit: it kills a process (counted
+    in ``oom_kill``), or, while evicted code and data pages can still be read back in, it keeps evicting
+    them and nothing makes progress (thrashing: measured with a model actor loading under a limit of the
+    services' own memory plus 300 MiB, no kill in 300 s, 180 major faults/s, system memory pressure 97%;
+    a whole cold start of the stack takes some 450 major faults in all). The watch calls it thrashing when
+    the limit is hit and at least :attr:`THRASH_FAULTS_PER_S` pages are read back per second, every time it
+    looks, for :attr:`THRASH_S` seconds.
+    """
+
+    THRASH_FAULTS_PER_S = 50
+    THRASH_S = 20.0
+
+    def __init__(self, group: Optional[memcg.Cgroup], what: str, clock: Callable[[], float] = time.monotonic):
+        self.group, self.what, self.clock = group, what, clock
+        self.first = self.last = memcg.counters(group) if group else None
+        self.last_time, self.thrashing_since = clock(), None
+
+    def __call__(self) -> None:
+        if self.group is None:
+            return
+        now, at = memcg.counters(self.group), self.clock()
+        kills = now["oom_kills"] - self.first["oom_kills"]
+        if kills:
+            raise OutOfMemory(out_of_memory(now, self.what, f"the kernel killed {kills} of its processes for want of "
+                                                            f"memory"))
+        faults = now["major_faults"] - self.last["major_faults"]
+        if now["limit_hits"] > self.last["limit_hits"] and faults >= self.THRASH_FAULTS_PER_S * (at - self.last_time):
+            self.thrashing_since = self.thrashing_since or self.last_time
+            if at - self.thrashing_since >= self.THRASH_S:
+                raise OutOfMemory(out_of_memory(
+                    now, self.what, f"for {at - self.thrashing_since:.0f} s it was at its limit and reading evicted "
+                                    f"pages back in ({(now['major_faults'] - self.first['major_faults'])} since the "
+                                    f"start of the wait) instead of making progress"))
+        else:
+            self.thrashing_since = None
+        self.last, self.last_time = now, at
 
 
 # up / down / status ------------------------------------------------------------------------------------
@@ -333,6 +406,16 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             (cfg.folder / "hf_home" / "hub").mkdir()
         try:
             netns.create(cfg.netns)
+            try:
+                group = memcg.create(cfg.netns, cfg.memory_limit_mib)
+                state["memory"] = {"cgroup": str(group.path), "version": group.version,
+                                   "limit_mib": cfg.memory_limit_mib}
+            except memcg.MemcgError as exc:
+                if cfg.memory_limit_mib is not None:
+                    raise StackError(f"A memory limit needs a memory cgroup for the stack, but {exc}; "
+                                     f"run without --memory-limit.") from None
+                say(f"no memory cgroup for the stack ({exc}): it runs, but an OOM kill will not be named as one")
+                group, state["memory"] = None, {"cgroup": None, "why": str(exc)}
             _write_state(cfg, state)
             if on_namespace is not None:
                 on_namespace(cfg)
@@ -353,21 +436,22 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             # actors load while the API is still coming up, and no deploy client has to connect to Ray.
             deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
             phase(f"starting Ray (its controller deploys {', '.join(minted) or 'nothing'})")
-            by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments})
+            by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments}, group)
+            starting = MemoryWatch(group, "while it started")
             phase("starting Redis and the S3 store")
             for name in ("redis", "s3"):
-                by_name[name].start(cfg, service_env)
+                by_name[name].start(cfg, service_env, group)
             # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
             # client server as soon as that port listens. It starts once `ray start` has said it is done:
             # started beside Ray, its imports only compete with Ray's for the two cores (A/B on the 0.7
             # stack, three cold starts each: 30.3/30.0/36.5 s to the first trace, against 27.9/29.2/34.9).
             _wait("Redis and the S3 store to listen",
                   lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
-                  [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2)
+                  [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
             _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
-                  cfg.start_timeout, interval=0.2)
+                  cfg.start_timeout, interval=0.2, watch=starting)
             phase("starting the API")
-            by_name["api"].start(cfg, service_env)
+            by_name["api"].start(cfg, service_env, group)
             state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
             _write_state(cfg, state)
             say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
@@ -375,12 +459,12 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
             _wait("the API to connect to Ray and the controller to list the node",
                   lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
-                  cfg.start_timeout, interval=0.5)
+                  cfg.start_timeout, interval=0.5, watch=starting)
             timings["services_s"] = round(time.monotonic() - t_cold, 2)
             say(f"services up in {timings['services_s']} s")
             if minted:
                 phase(f"deploying {', '.join(minted)} (waiting for HOT)")
-                wait_hot(cfg, env, minted, services)
+                wait_hot(cfg, env, minted, services, watch=MemoryWatch(group, f"while deploying {', '.join(minted)}"))
                 timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
                 say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
             state["phase"] = "ready"
@@ -391,7 +475,8 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
             say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
             _down_locked(cfg, say=lambda m: None)
             if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
-                raise StackError(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
+                kind = OutOfMemory if isinstance(exc, OutOfMemory) else StackError
+                raise kind(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
             raise
 
 
@@ -408,7 +493,7 @@ def minted_keys(cfg: configuration.StackConfig, models: List[str]) -> Dict[str, 
 
 
 def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
-             services: List[Service] = ()) -> None:
+             services: List[Service] = (), watch: Callable[[], None] = lambda: None) -> None:
     """Wait until ``/status`` shows every minted model HOT and RUNNING.
 
     A model missing (or dead) for :data:`MISSING_GRACE_S` is deployed once more through ``ndif deploy``,
@@ -421,6 +506,7 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
     while True:
         for service in services:
             service.check_alive()
+        watch()
         levels = deployment_levels(api_status(cfg))
         if all(levels.get(key, {}).get("level") == "HOT" and levels[key].get("state") == "RUNNING" for key in keys):
             return
@@ -441,7 +527,7 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
                              f"({cfg.ray_temp_link}/session_latest/logs/worker-*.err).")
         if failed:
             retried.update(failed)
-            deploy_models(cfg, env, failed, services)
+            deploy_models(cfg, env, failed, services, watch)
         if now > deadline:
             waiting = {keys[k]: levels.get(k, {}).get("level", "missing") for k in keys}
             raise StackError(f"Timed out after {cfg.deploy_timeout:.0f} s waiting for the models to be HOT: {waiting}.")
@@ -449,8 +535,11 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
 
 
 def deploy_models(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
-                  services: List[Service] = ()) -> None:
-    """``ndif deploy -f`` the minted models; on failure a :class:`deploy.DeployError` naming each with its cause."""
+                  services: List[Service] = (), watch: Optional[Callable[[], None]] = None) -> None:
+    """``ndif deploy -f`` the minted models; on failure a :class:`deploy.DeployError` naming each with its
+    cause, or :class:`OutOfMemory` when the kernel killed a process of the stack for want of memory meanwhile."""
+    if watch is None:
+        watch = MemoryWatch(memory_group(cfg), f"while deploying {', '.join(minted)}")
     deploy.write_file(cfg.deploy_file, minted, cfg.generation.dtype)
     log = cfg.logs / "deploy.log"
     # Appended to, so a failed up keeps every attempt; only this call's part is read back.
@@ -462,7 +551,7 @@ def deploy_models(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[st
             stdin=subprocess.DEVNULL)
     try:
         _wait(f"`ndif deploy` of {', '.join(minted)}", lambda: process.poll() is not None, list(services),
-              cfg.deploy_timeout)
+              cfg.deploy_timeout, watch=watch)
     finally:
         if process.poll() is None:
             process.kill()
@@ -478,7 +567,9 @@ def deploy_models(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[st
 
 
 def _down_locked(cfg: configuration.StackConfig, say: Callable[[str], None]) -> dict:
-    report = {"netns": cfg.netns, "killed": [], "deleted_netns": False}
+    report = {"netns": cfg.netns, "killed": [], "deleted_netns": False, "removed_cgroup": None}
+    # Also without a state (a stack that lost it), the cgroup `up` would have made from here is found.
+    group = memory_group(cfg) or memcg.find(cfg.netns)
     if netns.exists(cfg.netns):
         report["killed"] = netns.kill_all(cfg.netns)
         netns.delete(cfg.netns)
@@ -486,6 +577,13 @@ def _down_locked(cfg: configuration.StackConfig, say: Callable[[str], None]) -> 
         say(f"stopped {len(report['killed'])} process(es) and deleted namespace {cfg.netns}")
     else:
         say(f"no stack running (namespace {cfg.netns} does not exist)")
+    if group is not None:
+        # Every process of the cgroup was in the namespace, so it is empty once they have exited.
+        try:
+            memcg.remove(group)
+        except memcg.MemcgError as exc:
+            raise StackError(f"The stack's processes are stopped, but {exc}.") from None
+        report["removed_cgroup"] = str(group.path)
     with contextlib.suppress(FileNotFoundError):
         cfg.state_file.unlink()
     return report
@@ -518,6 +616,12 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
         if info["pid"] not in alive:
             report["problems"].append(f"{name} (pid {info['pid']}) is not running; see {info['log']}")
     report["services"] = services
+    group = memory_group(cfg)
+    report["memory"] = memcg.counters(group) if group else None
+    if report["memory"] and report["memory"]["oom_kills"]:
+        report["problems"].append(f"the kernel killed {report['memory']['oom_kills']} of the stack's processes for "
+                                  f"want of memory (peak {report['memory']['peak_mib']} MiB, limit "
+                                  f"{report['memory']['limit_mib'] or 'none'})")
     try:
         ping = http_get(cfg, "/ping")
         report["api"] = "answering" if ping.get("status") == 200 else ping.get("error") or f"HTTP {ping.get('status')}"

@@ -1,0 +1,211 @@
+"""A memory cgroup per local NDIF stack: where its memory is counted, optionally capped, and where running out
+of it shows.
+
+Why: a model actor the kernel kills for want of memory leaves no trace a client or ``ndif deploy`` can read —
+Ray reports "worker died ... unexpected system error", a deploy only times out, a trace gets "Error starting
+model". The kernel counts every OOM kill against the victim's memory cgroup (``oom_kill``; a whole-machine
+OOM kill as well as one at the cgroup's own limit), so with the stack's processes in a cgroup of their own,
+"the stack ran out of memory" is a number to read, not a guess.
+
+What it does: :func:`create` makes the cgroup as a child of the one the calling process is in (the stack stays
+accounted where it was started), optionally with a limit; :func:`command` wraps an argv so that the process
+joins it before it execs (so nothing it forks escapes); :func:`counters` reads OOM kills, usage, peak and
+limit; :func:`remove` deletes it once its processes are gone. cgroup v1 (the ``memory`` hierarchy) and v2
+(where the parent delegates ``memory``).
+
+What it does not do: kill anything (the stack's network namespace is what ``down`` empties, and every
+process of the cgroup is in it), or say which process the kernel chose (only the kernel log does).
+
+Stdlib only; needs root, as the namespace does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+MIB = 1024 * 1024
+
+#: v1 reports "no limit" as the largest page-aligned signed 64-bit number, v2 as "max".
+_UNLIMITED_V1 = 1 << 62
+
+
+class MemcgError(Exception):
+    """The cgroup cannot be created, capped or removed; the message says why."""
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    path: Path
+    version: int
+
+    # The same facts under each version's names.
+    @property
+    def _limit_file(self) -> Path:
+        return self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")
+
+    @property
+    def _usage_file(self) -> Path:
+        return self.path / ("memory.usage_in_bytes" if self.version == 1 else "memory.current")
+
+    @property
+    def _peak_file(self) -> Path:
+        return self.path / ("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")
+
+    @property
+    def _events_file(self) -> Path:
+        return self.path / ("memory.oom_control" if self.version == 1 else "memory.events")
+
+    @property
+    def _limit_hits(self) -> int:
+        if self.version == 1:
+            text = _read(self.path / "memory.failcnt").strip()
+            return int(text) if text.isdigit() else 0
+        return int(_keyed(self.path / "memory.events").get("max", "0"))
+
+    @property
+    def _anon_key(self) -> str:
+        # memory.stat's anonymous memory: what the processes themselves hold, unlike the reclaimable page
+        # cache that usage also counts.
+        return "rss" if self.version == 1 else "anon"
+
+
+def _mounts() -> Dict[str, Path]:
+    """``{"v1": <memory hierarchy mount>, "v2": <unified mount>}`` for what is mounted."""
+    found: Dict[str, Path] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # "<id> <parent> <dev> <root> <mount point> <options> ... - <type> <source> <super options>"
+        left, _, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()
+        if not kind:
+            continue
+        if kind[0] == "cgroup" and "memory" in kind[-1].split(","):
+            found.setdefault("v1", Path(fields[4]))
+        elif kind[0] == "cgroup2":
+            found.setdefault("v2", Path(fields[4]))
+    return found
+
+
+def _own_cgroup() -> Cgroup:
+    """The memory cgroup this process is in."""
+    mounts = _mounts()
+    relative = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            relative["v1"] = path
+        elif number == "0" and controllers == "":
+            relative["v2"] = path
+    if "v1" in mounts and "v1" in relative:
+        return Cgroup(mounts["v1"] / relative["v1"].lstrip("/"), 1)
+    if "v2" in mounts and "v2" in relative:
+        parent = mounts["v2"] / relative["v2"].lstrip("/")
+        if "memory" not in _read(parent / "cgroup.subtree_control").split():
+            raise MemcgError(f"the cgroup v2 group {parent} does not delegate the memory controller to its "
+                             f"children (cgroup.subtree_control)")
+        return Cgroup(parent, 2)
+    raise MemcgError("no memory cgroup controller is mounted (neither a v1 `memory` hierarchy nor cgroup v2)")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _keyed(path: Path) -> Dict[str, str]:
+    """A flat-keyed cgroup file ("<key> <value>" per line) as a dict."""
+    return {key: value.strip() for key, _, value in
+            (line.partition(" ") for line in _read(path).splitlines()) if value.strip()}
+
+
+def create(name: str, limit_mib: Optional[int] = None) -> Cgroup:
+    """A fresh, empty memory cgroup ``name`` beside this process's own, capped at ``limit_mib`` if given.
+
+    A leftover of that name (a stack that died without ``down``) is removed first; one that still has
+    processes is refused.
+    """
+    if os.geteuid() != 0:
+        raise MemcgError("creating a memory cgroup needs root")
+    parent = _own_cgroup()
+    group = Cgroup(parent.path / name, parent.version)
+    if group.path.exists():
+        remove(group)
+    try:
+        group.path.mkdir()
+    except OSError as exc:
+        raise MemcgError(f"cannot create the memory cgroup {group.path}: {exc.strerror}") from None
+    if limit_mib is not None:
+        try:
+            set_limit(group, limit_mib)
+        except MemcgError:
+            remove(group)
+            raise
+    return group
+
+
+def set_limit(group: Cgroup, limit_mib: int) -> None:
+    """Cap the cgroup at ``limit_mib``; below its usage, the kernel reclaims page cache first, then OOM-kills."""
+    try:
+        group._limit_file.write_text(str(limit_mib * MIB))
+    except OSError as exc:
+        raise MemcgError(f"cannot set the memory limit of {group.path} to {limit_mib} MiB: {exc.strerror}") from None
+
+
+def find(name: str) -> Optional[Cgroup]:
+    """The cgroup :func:`create` makes for ``name`` from this process, if it exists."""
+    try:
+        parent = _own_cgroup()
+    except MemcgError:
+        return None
+    group = Cgroup(parent.path / name, parent.version)
+    return group if group.path.is_dir() else None
+
+
+def command(group: Cgroup, argv: List[str]) -> List[str]:
+    """``argv`` run as a member of ``group``: a shell writes its own pid into the cgroup, then execs ``argv``
+    (same pid), so the program and everything it forks are in it from their first instruction."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group.path), *argv]
+
+
+def counters(group: Cgroup) -> dict:
+    """OOM kills counted against the cgroup, its usage (page cache included), its processes' own anonymous
+    memory, peak usage and limit (MiB; limit None when uncapped), how often usage hit the limit, and the major
+    page faults of its processes (pages read back in: at the limit, what was evicted to make room)."""
+    events, stat = _keyed(group._events_file), _keyed(group.path / "memory.stat")
+
+    def mib(path: Path) -> Optional[int]:
+        text = _read(path).strip()
+        if not text or text == "max" or (text.isdigit() and int(text) >= _UNLIMITED_V1):
+            return None
+        return int(text) // MIB if text.isdigit() else None
+
+    return {"oom_kills": int(events.get("oom_kill", "0")), "usage_mib": mib(group._usage_file),
+            "anon_mib": int(stat.get(group._anon_key, "0")) // MIB, "limit_hits": group._limit_hits,
+            "major_faults": int(stat.get("pgmajfault", "0")),
+            "peak_mib": mib(group._peak_file), "limit_mib": mib(group._limit_file), "cgroup": str(group.path)}
+
+
+def members(group: Cgroup) -> List[int]:
+    return [int(pid) for pid in _read(group.path / "cgroup.procs").split()]
+
+
+def remove(group: Cgroup, wait: float = 10.0) -> None:
+    """Delete the cgroup; it must be (or become within ``wait`` seconds: exiting processes leave it
+    asynchronously) empty. Idempotent."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            group.path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise MemcgError(f"cannot remove the memory cgroup {group.path}: {exc.strerror} "
+                                 f"(processes still in it: {members(group) or 'none listed'})") from None
+            time.sleep(0.2)

@@ -1,0 +1,164 @@
+"""A stack that runs out of memory: its memory cgroup, the watch that names the cause, and one live stack made
+to run out (issue 16's bad input: reported as memory, and the stack comes down cleanly).
+
+The cgroup tests use real cgroups and tiny processes (root, as every stack test); the watch is fed counters.
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nnsight_repro import ROOT
+from nnsight_repro.ndif import config, memcg, netns, panel, server_env, stack
+
+ALLOCATE_200_MIB = "x = bytearray(200 * 1024 * 1024)"
+
+
+@pytest.fixture
+def group(request):
+    made = memcg.create(f"nnsr-test-{request.node.name[:40]}", limit_mib=64)
+    yield made
+    memcg.remove(made)
+
+
+def test_a_process_started_through_the_cgroup_is_in_it_from_its_start(group):
+    out = subprocess.run(memcg.command(group, [sys.executable, "-c", "print(open('/proc/self/cgroup').read())"]),
+                         capture_output=True, text=True, check=True).stdout
+    assert any(line.endswith("/" + group.path.name) for line in out.splitlines()), out
+
+
+def test_a_process_over_the_limit_is_killed_and_counted(group):
+    result = subprocess.run(memcg.command(group, [sys.executable, "-c", ALLOCATE_200_MIB]))
+    counters = memcg.counters(group)
+    assert result.returncode == -9 and counters["oom_kills"] == 1, (result.returncode, counters)
+    assert counters["limit_mib"] == 64 and counters["limit_hits"] > 0
+
+
+def test_an_uncapped_cgroup_reports_no_limit():
+    made = memcg.create("nnsr-test-uncapped")
+    try:
+        assert memcg.counters(made)["limit_mib"] is None
+    finally:
+        memcg.remove(made)
+
+
+def test_a_cgroup_with_a_process_in_it_is_not_removed_and_the_error_names_the_process(group):
+    sleeper = subprocess.Popen(memcg.command(group, ["sleep", "30"]))
+    try:
+        while not memcg.members(group):  # until its shell has joined
+            time.sleep(0.01)
+        with pytest.raises(memcg.MemcgError, match=f"processes still in it: \\[{sleeper.pid}\\]"):
+            memcg.remove(group, wait=0.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_limit_below_what_the_processes_hold_is_refused_with_the_kernels_reason():
+    made = memcg.create("nnsr-test-shrink")
+    holder = subprocess.Popen(memcg.command(made, [sys.executable, "-c", ALLOCATE_200_MIB + "; x[::4096] = b'1' * "
+                                                   "len(x[::4096]); print(flush=True); import time; time.sleep(30)"]),
+                              stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # the 200 MiB are touched
+        with pytest.raises(memcg.MemcgError, match="cannot set the memory limit of .* to 10 MiB: Device or resource busy"):
+            memcg.set_limit(made, 10)
+    finally:
+        holder.kill()
+        holder.wait()
+        memcg.remove(made)
+
+
+class FakeCgroup:
+    """Counters fed to a watch, one dict per look; time advances one second per look."""
+
+    def __init__(self, monkeypatch, *looks):
+        self.looks, self.now = list(looks), 0.0
+        monkeypatch.setattr(memcg, "counters", lambda group: {**self.base, **self.looks.pop(0)})
+
+    base = {"oom_kills": 0, "limit_hits": 0, "major_faults": 0, "peak_mib": 900, "limit_mib": 1000,
+            "cgroup": "/sys/fs/cgroup/memory/x"}
+
+    def clock(self):
+        self.now += 1.0
+        return self.now
+
+
+def _looks(count, hits_per_look, faults_per_look):
+    return [{"limit_hits": i * hits_per_look, "major_faults": i * faults_per_look} for i in range(count)]
+
+
+def test_the_watch_names_an_oom_kill_at_once_with_what_the_stack_was_doing(monkeypatch):
+    fake = FakeCgroup(monkeypatch, {}, {"oom_kills": 2})
+    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    with pytest.raises(stack.OutOfMemory, match="ran out of memory while deploying rnabert: the kernel killed 2 of "
+                                                "its processes for want of memory \\(its memory limit is 1000 MiB, its peak 900 MiB.*--batch.*--memory-limit"):
+        watch()
+
+
+def test_the_watch_names_thrashing_at_the_limit_after_its_grace(monkeypatch):
+    fake = FakeCgroup(monkeypatch, *_looks(23, hits_per_look=100, faults_per_look=200))
+    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    looks = 0
+    with pytest.raises(stack.OutOfMemory, match="for 20 s it was at its limit and reading evicted pages back in"):
+        for looks in range(1, 23):
+            watch()
+    assert looks == 20
+
+
+@pytest.mark.parametrize("hits, faults", [(100, 10), (0, 500)], ids=["cache-churn-at-the-limit", "faults-below-it"])
+def test_the_watch_leaves_a_stack_that_is_not_starved_alone(monkeypatch, hits, faults):
+    # At the limit with few pages read back (page cache recycled), or reading pages in below the limit
+    # (a cold start): neither is running out of memory.
+    fake = FakeCgroup(monkeypatch, *_looks(40, hits, faults))
+    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    for _ in range(39):
+        watch()
+
+
+def test_a_trace_that_failed_while_the_stack_ran_out_of_memory_says_so_and_one_that_passed_is_left(monkeypatch):
+    fake = FakeCgroup(monkeypatch, {}, {"oom_kills": 1})
+    watch = stack.MemoryWatch(object(), "while the patched client traced rnabert", clock=fake.clock)
+    records = {"trace:rnabert": {"ok": False, "error": "RemoteException", "message": "Error starting model"},
+               "write:bert-mlm": {"ok": True, "atol": 0.0}}
+    panel._name_out_of_memory(records, watch)
+    assert records["trace:rnabert"]["message"].splitlines()[-1].startswith(
+        "The stack ran out of memory while the patched client traced rnabert: the kernel killed 1")
+    assert "message" not in records["write:bert-mlm"]
+
+
+def test_up_refuses_a_memory_limit_that_is_not_a_positive_number_of_mib_before_starting_anything():
+    result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--memory-limit", "0"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "memory limit 0 is not a positive number of MiB" in result.stderr, result.stderr
+
+
+#: The cap the live test sets: the services' own memory plus this, less than a model actor needs (some 650-780
+#: MiB measured) and more than the services need to keep running.
+HEADROOM_MIB = 300
+
+
+def test_a_model_that_runs_the_stack_out_of_memory_is_reported_as_memory_and_the_stack_comes_down_cleanly(
+        tmp_path_factory):
+    # A stack of its own (its own folder, so namespace and cgroup): what it is made to do breaks it.
+    cfg = config.default(folder=tmp_path_factory.mktemp("oom-stack"), line="0.8", extras=("multimolecule",))
+    env = server_env.ensure(line="0.8", extras=cfg.extras)
+    stack.up(cfg, models=[], say=lambda m: None)
+    try:
+        group = stack.memory_group(cfg)
+        services = memcg.counters(group)
+        memcg.set_limit(group, services["anon_mib"] + HEADROOM_MIB)
+        started = time.monotonic()
+        with pytest.raises(stack.OutOfMemory) as raised:
+            stack.deploy_models(cfg, env, stack.minted_keys(cfg, ["rnabert"]))
+        seconds = time.monotonic() - started
+    finally:
+        down = stack.down(cfg, say=lambda m: None)
+    message = str(raised.value)
+    assert message.startswith("The stack ran out of memory while deploying rnabert: "), message
+    assert f"its memory limit is {services['anon_mib'] + HEADROOM_MIB} MiB" in message, message
+    assert seconds < cfg.deploy_timeout, seconds  # named, not waited out
+    assert down["deleted_netns"] and down["removed_cgroup"] == str(group.path), down
+    assert not netns.exists(cfg.netns) and not group.path.exists()
