@@ -216,6 +216,36 @@ def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scrat
     assert (cfg.logs / "redis.log").exists()  # the logs of the failed run stay
 
 
+@pytest.mark.parametrize("layout", ["", "ray"], ids=["0.1.2", "0.0.1"])
+def test_rays_start_race_in_its_gcs_log_is_named_at_once(scratch_stack, layout):
+    logs = scratch_stack.ray_temp / layout / "session_2026-12-01_00-00-00_000000_1" / "logs"
+    logs.mkdir(parents=True)
+    stack.check_ray_start(scratch_stack)  # a GCS that logs nothing of it
+    (logs / "gcs_server.out").write_text(f"[2026-12-01 00:00:01,000 C 1 1] gcs_server.cc:1 Check failed: "
+                                         f"!exporting_started_ {stack.RAY_START_RACE}.\n")
+    with pytest.raises(stack.RayStartRace, match="Ray's GCS aborted as it started .*gcs_server.out"):
+        stack.check_ray_start(scratch_stack)
+
+
+@pytest.mark.parametrize("races, outcome", [(1, "up"), (2, "RayStartRace")])
+def test_up_starts_once_more_after_rays_start_race_and_only_once(scratch_stack, monkeypatch, races, outcome):
+    calls, said = [], []
+
+    def up_locked(cfg, models, say, on_namespace):
+        calls.append(cfg)
+        if len(calls) <= races:
+            raise stack.RayStartRace("Ray's GCS aborted as it started (...).")
+        return {"phase": "ready"}
+
+    monkeypatch.setattr(stack, "_up_locked", up_locked)
+    if outcome == "up":
+        assert stack.up(scratch_stack, models=[], say=said.append) == {"phase": "ready"}
+    else:
+        with pytest.raises(stack.RayStartRace):
+            stack.up(scratch_stack, models=[], say=said.append)
+    assert len(calls) == 2 and said == ["Ray's GCS aborted as it started (...). Starting the stack once more."]
+
+
 def test_stack_that_dies_mid_run_is_reported_and_down_cleans_up(scratch_stack):
     state = stack.up(scratch_stack, models=[])
     started = {name: info["pid"] for name, info in state["services"].items()}

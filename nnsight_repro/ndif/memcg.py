@@ -10,8 +10,9 @@ OOM kill as well as one at the cgroup's own limit), so with the stack's processe
 What it does: :func:`create` makes the cgroup as a child of the one the calling process is in (the stack stays
 accounted where it was started), optionally with a limit; :func:`command` wraps an argv so that the process
 joins it before it execs (so nothing it forks escapes); :func:`counters` reads OOM kills, usage, peak and
-limit; :func:`remove` deletes it once its processes are gone. cgroup v1 (the ``memory`` hierarchy) and v2
-(where the parent delegates ``memory``).
+limit; :func:`remove` deletes it once its processes are gone. cgroup v1 (the ``memory`` hierarchy: this
+machine's) and v2 where the calling process's cgroup delegates ``memory`` (in practice the root: a non-root v2
+cgroup with processes in it cannot).
 
 What it does not do: kill anything (the stack's network namespace is what ``down`` empties, and every
 process of the cgroup is in it), or say which process the kernel chose (only the kernel log does).
@@ -37,40 +38,34 @@ class MemcgError(Exception):
     """The cgroup cannot be created, capped or removed; the message says why."""
 
 
+#: The same facts under each version's names: (v1, v2). Anonymous memory (memory.stat) is what the processes
+#: themselves hold, unlike the reclaimable page cache that usage also counts.
+_NAMES = {
+    "limit": ("memory.limit_in_bytes", "memory.max"),
+    "usage": ("memory.usage_in_bytes", "memory.current"),
+    "peak": ("memory.max_usage_in_bytes", "memory.peak"),
+    "oom_kill": ("memory.oom_control", "memory.events"),
+    "anon": ("rss", "anon"),
+}
+
+
 @dataclass(frozen=True)
 class Cgroup:
     path: Path
     version: int
 
-    # The same facts under each version's names.
-    @property
-    def _limit_file(self) -> Path:
-        return self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")
+    def name(self, fact: str) -> str:
+        return _NAMES[fact][self.version - 1]
 
-    @property
-    def _usage_file(self) -> Path:
-        return self.path / ("memory.usage_in_bytes" if self.version == 1 else "memory.current")
+    def file(self, fact: str) -> Path:
+        return self.path / self.name(fact)
 
-    @property
-    def _peak_file(self) -> Path:
-        return self.path / ("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak")
-
-    @property
-    def _events_file(self) -> Path:
-        return self.path / ("memory.oom_control" if self.version == 1 else "memory.events")
-
-    @property
-    def _limit_hits(self) -> int:
+    def limit_hits(self) -> int:
+        """How often usage reached the limit (v1 ``memory.failcnt``, v2 ``memory.events``' ``max``)."""
         if self.version == 1:
             text = _read(self.path / "memory.failcnt").strip()
             return int(text) if text.isdigit() else 0
         return int(_keyed(self.path / "memory.events").get("max", "0"))
-
-    @property
-    def _anon_key(self) -> str:
-        # memory.stat's anonymous memory: what the processes themselves hold, unlike the reclaimable page
-        # cache that usage also counts.
-        return "rss" if self.version == 1 else "anon"
 
 
 def _mounts() -> Dict[str, Path]:
@@ -149,9 +144,10 @@ def create(name: str, limit_mib: Optional[int] = None) -> Cgroup:
 
 
 def set_limit(group: Cgroup, limit_mib: int) -> None:
-    """Cap the cgroup at ``limit_mib``; below its usage, the kernel reclaims page cache first, then OOM-kills."""
+    """Cap the cgroup at ``limit_mib`` (memory, not swap: this machine has none). Below the current usage the
+    kernel reclaims first; what it cannot reclaim, v1 refuses (EBUSY) and v2 OOM-kills."""
     try:
-        group._limit_file.write_text(str(limit_mib * MIB))
+        group.file("limit").write_text(str(limit_mib * MIB))
     except OSError as exc:
         raise MemcgError(f"cannot set the memory limit of {group.path} to {limit_mib} MiB: {exc.strerror}") from None
 
@@ -174,9 +170,9 @@ def command(group: Cgroup, argv: List[str]) -> List[str]:
 
 def counters(group: Cgroup) -> dict:
     """OOM kills counted against the cgroup, its usage (page cache included), its processes' own anonymous
-    memory, peak usage and limit (MiB; limit None when uncapped), how often usage hit the limit, and the major
-    page faults of its processes (pages read back in: at the limit, what was evicted to make room)."""
-    events, stat = _keyed(group._events_file), _keyed(group.path / "memory.stat")
+    memory, peak usage and limit (MiB; limit None when uncapped; peak None where the kernel keeps none), how
+    often usage hit the limit, and how many evicted pages its processes read back in."""
+    events, stat = _keyed(group.file("oom_kill")), _keyed(group.path / "memory.stat")
 
     def mib(path: Path) -> Optional[int]:
         text = _read(path).strip()
@@ -184,10 +180,11 @@ def counters(group: Cgroup) -> dict:
             return None
         return int(text) // MIB if text.isdigit() else None
 
-    return {"oom_kills": int(events.get("oom_kill", "0")), "usage_mib": mib(group._usage_file),
-            "anon_mib": int(stat.get(group._anon_key, "0")) // MIB, "limit_hits": group._limit_hits,
-            "major_faults": int(stat.get("pgmajfault", "0")),
-            "peak_mib": mib(group._peak_file), "limit_mib": mib(group._limit_file), "cgroup": str(group.path)}
+    return {"oom_kills": int(events.get("oom_kill", "0")), "usage_mib": mib(group.file("usage")),
+            "anon_mib": int(stat.get(group.name("anon"), "0")) // MIB, "limit_hits": group.limit_hits(),
+            # Pages read back in after the cgroup evicted them (older kernels: one workingset_refault).
+            "refaults": sum(int(v) for k, v in stat.items() if k.startswith("workingset_refault") and v.isdigit()),
+            "peak_mib": mib(group.file("peak")), "limit_mib": mib(group.file("limit")), "cgroup": str(group.path)}
 
 
 def members(group: Cgroup) -> List[int]:

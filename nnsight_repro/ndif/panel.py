@@ -21,7 +21,8 @@ process with torch, nnsight and multimolecule imported; the stack's memory after
 is recorded with the server's reason and the next one still deploys; on 0.7 the server deploys a key on its
 first request, and a model it cannot build fails that request with the server's reason. A model that runs the
 stack out of memory (``--memory-limit`` caps it; :class:`stack.MemoryWatch`) is recorded with that cause and
-nothing more of its batch is deployed; a trace that failed meanwhile carries the cause on its reason's last line.
+nothing more of its batch is deployed; a trace that failed while the kernel killed processes of the stack
+carries that on its reason's last line.
 
 Stdlib only: runs on the host; the clients and the server run in their environments.
 """
@@ -195,8 +196,11 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
             if trace == "read":
                 row["read_points"] = record.get("read_points")
             if "error" in record:
-                message = record.get("message", "")
-                row.update(error=record.get("error"), reason=message[-1500:],
+                message = record.get("message", "")[-1500:]
+                if "out_of_memory" in record:
+                    # Last, where the report's one-line reason is taken from; the client's own error stays whole.
+                    message += "\n" + record["out_of_memory"]
+                row.update(error=record.get("error"), reason=message,
                            **({"stack_problems": record["stack_problems"]} if "stack_problems" in record else {}))
         expected = row["expected"]
         row["as_expected"] = (row["ok"] if expected["outcome"] == "ok" else
@@ -206,14 +210,15 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
 
 
 def _name_out_of_memory(records: Dict[str, dict], watch: "stack.MemoryWatch") -> None:
-    """When the stack ran out of memory since ``watch`` was made, every failed record says so on the last line
-    of its message: the client only saw its trace fail."""
+    """When the kernel killed processes of the stack for want of memory since ``watch`` was made, every record
+    with an error carries that (``out_of_memory``): the client only saw its trace fail. (Kills only: one look
+    after a whole client run cannot tell thrashing from a long, healthy run.)"""
     try:
-        watch()
+        watch.check_kills()
     except stack.OutOfMemory as exc:
         for record in records.values():
-            if "error" in record or not record.get("ok"):
-                record["message"] = f"{record.get('message', '')}\n{exc}".strip()
+            if "error" in record:
+                record["out_of_memory"] = str(exc)
 
 
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
@@ -222,10 +227,6 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     """One cold stack of ``line`` (multimolecule flavour): ``names`` deployed on demand and traced by every
     pairing's client; the stack is down again on return, also after a failure. ``memory_limit_mib`` caps the
     stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
-
-    A model whose deployment runs the stack out of memory is recorded with that cause (the deploy's
-    :class:`stack.OutOfMemory`), and nothing more is deployed; a trace that failed while the kernel killed
-    processes of the stack carries the cause on the last line of its reason.
 
     ``while_up``, if given, is called with the stack's config once the batch is measured and before the
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the

@@ -67,6 +67,10 @@ class OutOfMemory(StackError):
     """The kernel killed processes of the stack for want of memory (counted in its memory cgroup)."""
 
 
+class RayStartRace(StackError):
+    """Ray's GCS aborted as it started, on :data:`RAY_START_RACE`; ``up`` starts the stack once more."""
+
+
 #: The failures every ``ndif`` command reports as ``error: <message>`` with exit status 2 instead of a
 #: traceback: each one's message already names the problem and the fix.
 USER_ERRORS = (StackError, configuration.ConfigError, netns.NetnsError, deploy.DeployError, envs.EnvError)
@@ -143,6 +147,23 @@ def deployment_levels(status: dict) -> Dict[str, dict]:
 
 #: What ``ray start`` prints once the head runs (in the ray service's log).
 RAY_STARTED = "Ray runtime started."
+
+
+#: What Ray 2.50's GCS (the 0.7 server's Ray) logs as it aborts when two of its start-up paths both start its
+#: event exporter: a race, seen on a busy machine and gone on the next start; fixed in a later Ray
+#: ("Fixed ... should be called only once error (#57917)", ray-project/ray; also #60073).
+RAY_START_RACE = "RayEventRecorder::StartExportingEvents() should be called only once"
+
+
+def check_ray_start(cfg: configuration.StackConfig) -> None:
+    """Raise :class:`RayStartRace` when Ray's GCS log shows :data:`RAY_START_RACE`: the stack cannot come up
+    on this start, and waiting for it would only time out."""
+    # 0.0.1's start script puts Ray's sessions under <temp>/ray, 0.1.2's directly under <temp>.
+    logs = [*cfg.ray_temp.glob("session_*/logs/gcs_server.*"), *cfg.ray_temp.glob("ray/session_*/logs/gcs_server.*")]
+    for log in sorted(logs):
+        if RAY_START_RACE in _read(log):
+            raise RayStartRace(f"Ray's GCS aborted as it started ({RAY_START_RACE}: a race in Ray 2.50, fixed in "
+                               f"later Rays; {log}).")
 
 
 def _read(path: Path) -> str:
@@ -269,9 +290,10 @@ def _wait(what: str, ready: Callable[[], object], services: List[Service], timeo
     """Poll ``ready`` until it returns something truthy; fail early if a service dies or ``watch`` raises."""
     deadline = time.monotonic() + timeout
     while True:
+        # Memory first: a service the kernel killed for want of memory is reported as that, not as a crash.
+        watch()
         for service in services:
             service.check_alive()
-        watch()
         value = ready()
         if value:
             return value
@@ -288,13 +310,17 @@ def memory_group(cfg: configuration.StackConfig) -> Optional[memcg.Cgroup]:
     return memcg.Cgroup(Path(info["cgroup"]), info["version"]) if info.get("cgroup") else None
 
 
-def out_of_memory(counters: dict, what: str, how: str) -> str:
+def out_of_memory_message(counters: dict, what: str, how: str) -> str:
     """What to tell a user whose stack ran out of memory ``what`` (while ...), ``how`` (what the kernel did)."""
-    cap = (f"its memory limit is {counters['limit_mib']} MiB" if counters.get("limit_mib") is not None
-           else "it has no memory limit of its own: the machine ran out")
-    return (f"The stack ran out of memory {what}: {how} ({cap}, its peak {counters.get('peak_mib')} MiB; memory "
-            f"cgroup {counters.get('cgroup')}). Deploy fewer models at once (`ndif panel --batch`), or give the "
-            f"stack more memory (`--memory-limit`).")
+    peak = f", its peak {counters['peak_mib']} MiB" if counters.get("peak_mib") is not None else ""
+    if counters.get("limit_mib") is not None:
+        cap = f"its memory limit is {counters['limit_mib']} MiB{peak}"
+        fix = "deploy fewer models at once, or give the stack a higher --memory-limit"
+    else:
+        cap = f"it has no memory limit of its own: the machine ran out{peak}"
+        fix = "deploy fewer models at once, or stop what else uses the machine's memory"
+    return (f"The stack ran out of memory {what}: {how} ({cap}; memory cgroup {counters.get('cgroup')}). To run "
+            f"it: {fix} (`ndif up --models`, `ndif panel --batch`).")
 
 
 class MemoryWatch:
@@ -302,15 +328,17 @@ class MemoryWatch:
     since the watch was made, instead of letting the wait time out on a model actor that is gone or stuck.
 
     Out of memory is either of what the kernel does at a memory cgroup's limit: it kills a process (counted
-    in ``oom_kill``), or, while evicted code and data pages can still be read back in, it keeps evicting
-    them and nothing makes progress (thrashing: measured with a model actor loading under a limit of the
-    services' own memory plus 300 MiB, no kill in 300 s, 180 major faults/s, system memory pressure 97%;
-    a whole cold start of the stack takes some 450 major faults in all). The watch calls it thrashing when
-    the limit is hit and at least :attr:`THRASH_FAULTS_PER_S` pages are read back per second, every time it
-    looks, for :attr:`THRASH_S` seconds.
+    in ``oom_kill``; :meth:`check_kills`), or, while evicted code and data pages can still be read back in,
+    it keeps evicting them and nothing makes progress (thrashing). Thrashing was measured once, with a
+    model actor loading under a limit of the services' own memory plus 300 MiB: no kill in 300 s, 180
+    major faults a second, system memory pressure 97%, against some 450 major faults for a whole cold
+    start. The watch calls it thrashing when, every time it looks for :attr:`THRASH_S` seconds, the limit
+    was hit since the last look and at least :attr:`THRASH_REFAULTS_PER_S` pages a second were refaults
+    (pages read back in after the cgroup evicted them: ``workingset_refault_*``, the part of the major
+    faults that reading new files does not make).
     """
 
-    THRASH_FAULTS_PER_S = 50
+    THRASH_REFAULTS_PER_S = 50
     THRASH_S = 20.0
 
     def __init__(self, group: Optional[memcg.Cgroup], what: str, clock: Callable[[], float] = time.monotonic):
@@ -318,22 +346,30 @@ class MemoryWatch:
         self.first = self.last = memcg.counters(group) if group else None
         self.last_time, self.thrashing_since = clock(), None
 
+    def check_kills(self, now: Optional[dict] = None) -> None:
+        """Raise :class:`OutOfMemory` if the kernel has killed a process of the stack since the watch was made."""
+        if self.group is None:
+            return
+        now = now or memcg.counters(self.group)
+        kills = now["oom_kills"] - self.first["oom_kills"]
+        if kills > 0:
+            raise OutOfMemory(out_of_memory_message(
+                now, self.what, f"the kernel killed {kills} of its processes for want of memory"))
+
     def __call__(self) -> None:
         if self.group is None:
             return
         now, at = memcg.counters(self.group), self.clock()
-        kills = now["oom_kills"] - self.first["oom_kills"]
-        if kills:
-            raise OutOfMemory(out_of_memory(now, self.what, f"the kernel killed {kills} of its processes for want of "
-                                                            f"memory"))
-        faults = now["major_faults"] - self.last["major_faults"]
-        if now["limit_hits"] > self.last["limit_hits"] and faults >= self.THRASH_FAULTS_PER_S * (at - self.last_time):
-            self.thrashing_since = self.thrashing_since or self.last_time
+        self.check_kills(now)
+        refaults = now["refaults"] - self.last["refaults"]
+        if now["limit_hits"] > self.last["limit_hits"] and refaults >= self.THRASH_REFAULTS_PER_S * (at - self.last_time):
+            # From this look on: one look over a long interval is not "every time it looks".
+            self.thrashing_since = self.thrashing_since or at
             if at - self.thrashing_since >= self.THRASH_S:
-                raise OutOfMemory(out_of_memory(
+                raise OutOfMemory(out_of_memory_message(
                     now, self.what, f"for {at - self.thrashing_since:.0f} s it was at its limit and reading evicted "
-                                    f"pages back in ({(now['major_faults'] - self.first['major_faults'])} since the "
-                                    f"start of the wait) instead of making progress"))
+                                    f"pages back in ({now['refaults'] - self.first['refaults']} since the start of "
+                                    f"the wait) instead of making progress"))
         else:
             self.thrashing_since = None
         self.last, self.last_time = now, at
@@ -350,6 +386,9 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     cold start's clock (``state["cold_start_epoch"]``) starts: the benchmark starts its client there
     and waits until it is ready (:func:`start_client` ``ready=True``), as for a user whose script has
     imported nnsight and wrapped its model by the time the server starts.
+
+    A start on which Ray's GCS aborts on its known start-up race (:data:`RAY_START_RACE`) is stopped as
+    soon as its log shows it, and the stack is started once more.
     """
     cfg = cfg or configuration.default()
     if models is None:
@@ -359,126 +398,144 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     unknown = [name for name in models if name not in known]
     if unknown:
         raise StackError(f"Unknown model(s) {', '.join(unknown)}; the panel has: {', '.join(known)}.")
-    with _exclusive(cfg):
-        running = read_state(cfg)
-        if netns.exists(cfg.netns):
-            started = f", started {running['started']} by pid {running['owner_pid']}" if running else ""
-            raise StackError(f"A local NDIF stack is already running for this cache (namespace {cfg.netns}"
-                             f"{started}). Use it (`nnsight-repro ndif status`), or stop it first "
-                             f"(`nnsight-repro ndif down`).")
-        if running:
-            say(f"forgetting the state of a stack that is gone ({cfg.state_file})")
-            cfg.state_file.unlink()
-        t0 = time.monotonic()
-
-        def phase(message: str) -> None:
-            # One line per phase of the start, so a minute-long cold start is never silent.
-            say(f"{cfg.line} stack ({cfg.server}{''.join(' +' + e for e in cfg.extras)}): {message} (+{time.monotonic() - t0:.1f} s)")
-
-        timings = {}
-        phase("checking the server and client environments")
-        env = server_env.ensure(line=cfg.line, extras=cfg.extras)
-        server_env.redis_server()
-        for client in cfg.generation.clients:
-            envs.ensure(client)
-        timings["environments_s"] = round(time.monotonic() - t0, 2)
-        # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
-        # minted once and remembered, so a warm `up` starts no client.
-        t_mint = time.monotonic()
-        if models:
-            phase(f"minting the remote keys of {', '.join(models)}")
-        minted = minted_keys(cfg, models) if models else {}
-        timings["keys_s"] = round(time.monotonic() - t_mint, 2)
-        # A cold start: nothing of a previous run survives but nothing else is touched.
-        for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        if cfg.ray_temp_link.is_symlink() or cfg.ray_temp_link.is_file():
-            cfg.ray_temp_link.unlink()
-        cfg.ray_temp_link.symlink_to(cfg.ray_temp)
-        state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
-                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
-                 "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
-                 "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server, "with": list(cfg.extras),
-                 "ndif": cfg.generation.ndif}
-        if cfg.line == "0.7":
-            # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
-            (cfg.folder / "hf_home" / "hub").mkdir()
+    for attempt in (1, 2):
         try:
-            netns.create(cfg.netns)
-            try:
-                group = memcg.create(cfg.netns, cfg.memory_limit_mib)
-                state["memory"] = {"cgroup": str(group.path), "version": group.version,
-                                   "limit_mib": cfg.memory_limit_mib}
-            except memcg.MemcgError as exc:
-                if cfg.memory_limit_mib is not None:
-                    raise StackError(f"A memory limit needs a memory cgroup for the stack, but {exc}; "
-                                     f"run without --memory-limit.") from None
-                say(f"no memory cgroup for the stack ({exc}): it runs, but an OOM kill will not be named as one")
-                group, state["memory"] = None, {"cgroup": None, "why": str(exc)}
-            _write_state(cfg, state)
-            if on_namespace is not None:
-                on_namespace(cfg)
-            # The cold start counts from here: the namespace exists (and whatever the caller started in
-            # it is ready), nothing of the server runs yet.
-            t_cold = time.monotonic()
-            state["cold_start_epoch"] = time.time()
-            if cfg.line == "0.7":
-                state["server_nnsight"] = _prepare_python_path(cfg, env)
-            services = _services(cfg, env)
-            ensure_ports_free(cfg, services)
-            venv_bin = env.path / "venv" / "bin"
-            service_env = cfg.environ(venv_bin, role="api")
-            by_name = {s.name: s for s in services}
-            # Ray first: its head, then the controller, then the controller actor is the longest chain
-            # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
-            # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
-            # actors load while the API is still coming up, and no deploy client has to connect to Ray.
-            deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
-            phase(f"starting Ray (its controller deploys {', '.join(minted) or 'nothing'})")
-            by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments}, group)
-            starting = MemoryWatch(group, "while it started")
-            phase("starting Redis and the S3 store")
-            for name in ("redis", "s3"):
-                by_name[name].start(cfg, service_env, group)
-            # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
-            # client server as soon as that port listens. It starts once `ray start` has said it is done:
-            # started beside Ray, its imports only compete with Ray's for the two cores (A/B on the 0.7
-            # stack, three cold starts each: 30.3/30.0/36.5 s to the first trace, against 27.9/29.2/34.9).
-            _wait("Redis and the S3 store to listen",
-                  lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
-                  [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
-            _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
-                  cfg.start_timeout, interval=0.2, watch=starting)
-            phase("starting the API")
-            by_name["api"].start(cfg, service_env, group)
-            state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
-            _write_state(cfg, state)
-            say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
-            # Short calls: ndif 0.0.1 answers a /status asked before its dispatcher listens never (see
-            # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
-            _wait("the API to connect to Ray and the controller to list the node",
-                  lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
-                  cfg.start_timeout, interval=0.5, watch=starting)
-            timings["services_s"] = round(time.monotonic() - t_cold, 2)
-            say(f"services up in {timings['services_s']} s")
-            if minted:
-                phase(f"deploying {', '.join(minted)} (waiting for HOT)")
-                wait_hot(cfg, env, minted, services, watch=MemoryWatch(group, f"while deploying {', '.join(minted)}"))
-                timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
-                say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
-            state["phase"] = "ready"
-            state["ready"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            _write_state(cfg, state)
-            return state
-        except BaseException as exc:
-            say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
-            _down_locked(cfg, say=lambda m: None)
-            if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
-                kind = OutOfMemory if isinstance(exc, OutOfMemory) else StackError
-                raise kind(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
-            raise
+            with _exclusive(cfg):
+                return _up_locked(cfg, models, say, on_namespace)
+        except RayStartRace as exc:
+            if attempt == 2:
+                raise
+            say(f"{str(exc).splitlines()[0]} Starting the stack once more.")
 
+
+def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[[str], None],
+               on_namespace: Optional[Callable[[configuration.StackConfig], None]]) -> dict:
+    running = read_state(cfg)
+    if netns.exists(cfg.netns):
+        started = f", started {running['started']} by pid {running['owner_pid']}" if running else ""
+        raise StackError(f"A local NDIF stack is already running for this cache (namespace {cfg.netns}"
+                         f"{started}). Use it (`nnsight-repro ndif status`), or stop it first "
+                         f"(`nnsight-repro ndif down`).")
+    if running:
+        say(f"forgetting the state of a stack that is gone ({cfg.state_file})")
+        cfg.state_file.unlink()
+    t0 = time.monotonic()
+
+    def phase(message: str) -> None:
+        # One line per phase of the start, so a minute-long cold start is never silent.
+        say(f"{cfg.line} stack ({cfg.server}{''.join(' +' + e for e in cfg.extras)}): {message} (+{time.monotonic() - t0:.1f} s)")
+
+    timings = {}
+    phase("checking the server and client environments")
+    env = server_env.ensure(line=cfg.line, extras=cfg.extras)
+    server_env.redis_server()
+    for client in cfg.generation.clients:
+        envs.ensure(client)
+    timings["environments_s"] = round(time.monotonic() - t0, 2)
+    # The keys are needed before Ray starts (the controller deploys them as it comes up); they are
+    # minted once and remembered, so a warm `up` starts no client.
+    t_mint = time.monotonic()
+    if models:
+        phase(f"minting the remote keys of {', '.join(models)}")
+    minted = minted_keys(cfg, models) if models else {}
+    timings["keys_s"] = round(time.monotonic() - t_mint, 2)
+    # A cold start: nothing of a previous run survives but nothing else is touched.
+    for folder in (cfg.logs, cfg.ray_temp, cfg.home, cfg.folder / "hf_home"):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    if cfg.ray_temp_link.is_symlink() or cfg.ray_temp_link.is_file():
+        cfg.ray_temp_link.unlink()
+    cfg.ray_temp_link.symlink_to(cfg.ray_temp)
+    state = {"netns": cfg.netns, "folder": str(cfg.folder), "api_url": cfg.api_url, "owner_pid": os.getpid(),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "phase": "starting", "services": {},
+             "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
+             "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server, "with": list(cfg.extras),
+             "ndif": cfg.generation.ndif}
+    if cfg.line == "0.7":
+        # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
+        (cfg.folder / "hf_home" / "hub").mkdir()
+    try:
+        netns.create(cfg.netns)
+        try:
+            group = memcg.create(cfg.netns, cfg.memory_limit_mib)
+            state["memory"] = {"cgroup": str(group.path), "version": group.version,
+                               "limit_mib": cfg.memory_limit_mib}
+        except memcg.MemcgError as exc:
+            if cfg.memory_limit_mib is not None:
+                raise StackError(f"A memory limit needs a memory cgroup for the stack, but {exc}; "
+                                 f"run without --memory-limit.") from None
+            say(f"no memory cgroup for the stack ({exc}): it runs, but an OOM kill will not be named as one")
+            group, state["memory"] = None, {"cgroup": None, "why": str(exc)}
+        _write_state(cfg, state)
+        if on_namespace is not None:
+            on_namespace(cfg)
+        # The cold start counts from here: the namespace exists (and whatever the caller started in
+        # it is ready), nothing of the server runs yet.
+        t_cold = time.monotonic()
+        state["cold_start_epoch"] = time.time()
+        if cfg.line == "0.7":
+            state["server_nnsight"] = _prepare_python_path(cfg, env)
+        services = _services(cfg, env)
+        ensure_ports_free(cfg, services)
+        venv_bin = env.path / "venv" / "bin"
+        service_env = cfg.environ(venv_bin, role="api")
+        by_name = {s.name: s for s in services}
+        # Ray first: its head, then the controller, then the controller actor is the longest chain
+        # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
+        # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
+        # actors load while the API is still coming up, and no deploy client has to connect to Ray.
+        deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
+        phase(f"starting Ray (its controller deploys {', '.join(minted) or 'nothing'})")
+        memory = MemoryWatch(group, "while starting")
+        by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments}, group)
+
+        def starting() -> None:
+            memory()
+            check_ray_start(cfg)
+        phase("starting Redis and the S3 store")
+        for name in ("redis", "s3"):
+            by_name[name].start(cfg, service_env, group)
+        # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
+        # client server as soon as that port listens. It starts once `ray start` has said it is done:
+        # started beside Ray, its imports only compete with Ray's for the two cores (A/B on the 0.7
+        # stack, three cold starts each: 30.3/30.0/36.5 s to the first trace, against 27.9/29.2/34.9).
+        _wait("Redis and the S3 store to listen",
+              lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
+              [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
+        _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
+              cfg.start_timeout, interval=0.2, watch=starting)
+        phase("starting the API")
+        by_name["api"].start(cfg, service_env, group)
+        state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
+        _write_state(cfg, state)
+        say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
+        # Short calls: ndif 0.0.1 answers a /status asked before its dispatcher listens never (see
+        # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
+        _wait("the API to connect to Ray and the controller to list the node",
+              lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
+              cfg.start_timeout, interval=0.5, watch=starting)
+        timings["services_s"] = round(time.monotonic() - t_cold, 2)
+        say(f"services up in {timings['services_s']} s")
+        if minted:
+            phase(f"deploying {', '.join(minted)} (waiting for HOT)")
+            wait_hot(cfg, env, minted, services, watch=MemoryWatch(group, f"while deploying {', '.join(minted)}"))
+            timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
+            say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
+        state["phase"] = "ready"
+        state["ready"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        _write_state(cfg, state)
+        return state
+    except BaseException as exc:
+        say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
+        try:
+            _down_locked(cfg, say=lambda m: None)
+        except StackError as cleanup:
+            # What went wrong first stays the error; that stopping it failed too is said beside it.
+            say(f"stopping it failed too: {cleanup}")
+        if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
+            kind = type(exc) if isinstance(exc, StackError) else StackError  # OutOfMemory stays OutOfMemory
+            raise kind(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
+        raise
 
 #: How long a model may be missing from /status after the controller is up before it counts as failed.
 #: The controller drops a model it could not size or load (and only logs why).
@@ -504,9 +561,10 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
     retried = set()
     deadline = time.monotonic() + cfg.deploy_timeout
     while True:
+        # Memory first: a service the kernel killed for want of memory is reported as that, not as a crash.
+        watch()
         for service in services:
             service.check_alive()
-        watch()
         levels = deployment_levels(api_status(cfg))
         if all(levels.get(key, {}).get("level") == "HOT" and levels[key].get("state") == "RUNNING" for key in keys):
             return
@@ -577,6 +635,8 @@ def _down_locked(cfg: configuration.StackConfig, say: Callable[[str], None]) -> 
         say(f"stopped {len(report['killed'])} process(es) and deleted namespace {cfg.netns}")
     else:
         say(f"no stack running (namespace {cfg.netns} does not exist)")
+    with contextlib.suppress(FileNotFoundError):
+        cfg.state_file.unlink()
     if group is not None:
         # Every process of the cgroup was in the namespace, so it is empty once they have exited.
         try:
@@ -584,8 +644,6 @@ def _down_locked(cfg: configuration.StackConfig, say: Callable[[str], None]) -> 
         except memcg.MemcgError as exc:
             raise StackError(f"The stack's processes are stopped, but {exc}.") from None
         report["removed_cgroup"] = str(group.path)
-    with contextlib.suppress(FileNotFoundError):
-        cfg.state_file.unlink()
     return report
 
 
@@ -619,9 +677,9 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
     group = memory_group(cfg)
     report["memory"] = memcg.counters(group) if group else None
     if report["memory"] and report["memory"]["oom_kills"]:
+        limit = report["memory"]["limit_mib"]
         report["problems"].append(f"the kernel killed {report['memory']['oom_kills']} of the stack's processes for "
-                                  f"want of memory (peak {report['memory']['peak_mib']} MiB, limit "
-                                  f"{report['memory']['limit_mib'] or 'none'})")
+                                  f"want of memory ({f'limit {limit} MiB' if limit is not None else 'no limit'})")
     try:
         ping = http_get(cfg, "/ping")
         report["api"] = "answering" if ping.get("status") == 200 else ping.get("error") or f"HTTP {ping.get('status')}"
