@@ -13,9 +13,11 @@ Foreground starts, because then each service is a process this module started an
 exits during ``up`` is reported with the end of its log instead of being waited on.
 
 Every service runs in the stack's memory cgroup (:mod:`memcg`; capped by ``--memory-limit``, uncapped by
-default), and every wait of ``up`` and of a deploy watches its OOM-kill count: when the kernel kills a
-process of the stack for want of memory, the wait ends at once with :class:`OutOfMemory`, which says so,
-instead of timing out on a model actor that is gone.
+default), and every wait of ``up`` and of a deploy watches it (:class:`MemoryWatch`): when the kernel kills a
+process of the stack for want of memory, or the stack thrashes at its limit, the wait ends at once with
+:class:`OutOfMemory`, which says so, instead of timing out on a model actor that is gone or stuck. A start on
+which Ray's GCS aborts on its known race (:data:`RAY_START_RACE`) ends as soon as its log shows it, and ``up``
+starts once more.
 
 ``down`` kills exactly the processes in the namespace (TERM, then KILL), deletes it and removes the cgroup;
 it never runs ``ray stop`` or ``ndif stop``, which kill every Ray process on the host. It is safe to call at
