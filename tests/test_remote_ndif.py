@@ -246,6 +246,14 @@ def test_up_starts_once_more_after_rays_start_race_and_only_once(scratch_stack, 
     assert len(calls) == 2 and said == ["Ray's GCS aborted as it started (...). Starting the stack once more."]
 
 
+def test_a_wait_that_times_out_quotes_the_end_of_the_services_log(tmp_path):
+    log = tmp_path / "ray.log"
+    log.write_text("Usage stats collection is disabled.\nLocal node IP: 127.0.0.1\n")
+    with pytest.raises(stack.StackError, match=r"(?s)Timed out after 0 s waiting for Ray's head.*"
+                                               r"ray\.log:\n    Usage stats.*\n    Local node IP: 127\.0\.0\.1$"):
+        stack._wait("Ray's head to start", lambda: False, [], 0.05, interval=0.01, log=log)
+
+
 def test_stack_that_dies_mid_run_is_reported_and_down_cleans_up(scratch_stack):
     state = stack.up(scratch_stack, models=[])
     started = {name: info["pid"] for name, info in state["services"].items()}

@@ -288,8 +288,12 @@ def ensure_ports_free(cfg: configuration.StackConfig, services: List[Service]) -
 
 
 def _wait(what: str, ready: Callable[[], object], services: List[Service], timeout: float,
-          interval: float = 0.5, watch: Callable[[], None] = lambda: None):
-    """Poll ``ready`` until it returns something truthy; fail early if a service dies or ``watch`` raises."""
+          interval: float = 0.5, watch: Callable[[], None] = lambda: None, log: Optional[Path] = None):
+    """Poll ``ready`` until it returns something truthy; fail early if a service dies or ``watch`` raises.
+
+    A timeout quotes the end of ``log``: the next ``up`` clears the logs, so the error is where what the
+    service was doing survives.
+    """
     deadline = time.monotonic() + timeout
     while True:
         # Memory first: a service the kernel killed for want of memory is reported as that, not as a crash.
@@ -300,7 +304,8 @@ def _wait(what: str, ready: Callable[[], object], services: List[Service], timeo
         if value:
             return value
         if time.monotonic() > deadline:
-            raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}.")
+            quoted = f" Last lines of {log}:\n{_log_tail(log)}" if log else ""
+            raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}.{quoted}")
         time.sleep(interval)
 
 
@@ -505,7 +510,7 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
               lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
               [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
         _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
-              cfg.start_timeout, interval=0.2, watch=starting)
+              cfg.start_timeout, interval=0.2, watch=starting, log=by_name["ray"].log)
         phase("starting the API")
         by_name["api"].start(cfg, service_env, group)
         state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
@@ -515,7 +520,7 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
         # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
         _wait("the API to connect to Ray and the controller to list the node",
               lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
-              cfg.start_timeout, interval=0.5, watch=starting)
+              cfg.start_timeout, interval=0.5, watch=starting, log=by_name["api"].log)
         timings["services_s"] = round(time.monotonic() - t_cold, 2)
         say(f"services up in {timings['services_s']} s")
         if minted:
