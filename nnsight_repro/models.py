@@ -79,6 +79,9 @@ class PanelModel:
     #: What the model's forward raises when it is loaded in bfloat16, as NDIF loads models by default;
     #: None: it runs (``tests/test_upstream_repros.py`` loads every panel model so and checks this).
     fails_in_bfloat16: str | None = None
+    #: The fix series (``patches/<name>``) under which it runs in bfloat16 (a server flavour applies it:
+    #: ``ndif.server_packages.Flavour.series``).
+    bfloat16_fix: str | None = None
 
     def config_for(self, layers: int | None = None):
         return self.config(self.layers if layers is None else layers)
@@ -345,7 +348,7 @@ def _antiberty_tokenizer():
 
 def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, seed: int, text=RNA,
                    substitution=RNA_SUBSTITUTION, unit=1, has_output_child=True, fails_in_bfloat16=None,
-                   **config_extra) -> PanelModel:
+                   bfloat16_fix=None, **config_extra) -> PanelModel:
     return PanelModel(
         name, _tiny(config_class, **config_extra), f"{family}ForMaskedLM", "AutoModelForMaskedLM", "fill-mask",
         # The encoder's output, not the last layer's: for the pre-LN families
@@ -354,7 +357,7 @@ def _multimolecule(name: str, family: str, config_class: str, tokenizer, *, seed
         final_hidden="model.encoder", first_layer="model.encoder.layer.0", encoder=True,
         module="multimolecule", requires=MULTIMOLECULE, tokenizer=tokenizer, text=text, substitution=substitution,
         separator="", unit=unit, has_output_child=has_output_child, seed=seed,
-        fails_in_bfloat16=fails_in_bfloat16,
+        fails_in_bfloat16=fails_in_bfloat16, bfloat16_fix=bfloat16_fix,
     )
 
 
@@ -376,9 +379,10 @@ RNA_PANEL: Dict[str, PanelModel] = {
         # built float32 whatever dtype the model is loaded in; added to bfloat16 word embeddings it makes
         # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU. The fix, for upstream:
         # patches/multimolecule-v0.2.2/0001-build-the-sinusoidal-position-table-in-the-default-d.patch
-        # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released.
+        # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released, and
+        # with the fix on the multimolecule-patched server flavour.
         _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,
-                       fails_in_bfloat16=BF16_MIXED_DTYPE),
+                       fails_in_bfloat16=BF16_MIXED_DTYPE, bfloat16_fix="multimolecule-v0.2.2"),
         _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),
         # utrbert-3mer: overlapping 3-mers, so one nucleotide change moves three tokens.
         _multimolecule("utrbert", "UtrBert", "UtrBertConfig", _rna_tokenizer(nmers=3), nmers=3, seed=7),

@@ -53,6 +53,19 @@ def test_required_pairings_are_predicted_ok_except_a_model_that_cannot_run_in_th
                                                              "message": models.BF16_MIXED_DTYPE}
 
 
+def test_a_model_that_fails_in_bfloat16_is_predicted_ok_on_the_flavour_that_carries_its_fix():
+    for name in models.extended():
+        assert panel.predicted(name, "patched", "0.7", "multimolecule-patched") == {"outcome": "ok"}
+    # The fix does not touch what the stock client's key and envoy bugs do.
+    assert panel.predicted("ernierna", "main", "0.7", "multimolecule-patched")["bug"] == "key"
+
+
+def test_a_report_on_another_flavour_goes_beside_the_default_ones_and_never_over_them(tmp_path):
+    assert panel.report_path(tmp_path, "0.7") == tmp_path / "ndif_0.7" / "panel.json"
+    assert panel.report_path(tmp_path, "0.7", "multimolecule-patched") == \
+        tmp_path / "ndif_0.7" / "panel+multimolecule-patched.json"
+
+
 def _row(record, line="0.7", trace="read", built=None):
     kind = panel.TRACES[trace]
     case = f"{kind}:rnabert:{panel.ATOL[line]}"

@@ -7,6 +7,7 @@ client), with ``remote=True``: the request goes through the real API, queue, con
 actor. A stack that cannot be brought up makes these tests fail; none of them skips.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, channel
-from nnsight_repro.ndif import config, deploy, netns, server_env, stack
+from nnsight_repro import ROOT, channel, series
+from nnsight_repro.ndif import config, deploy, netns, server_env, server_packages, stack
 
 TRACED = ["gpt2", "bert-mlm", "esm-mlm"]
 
@@ -326,3 +327,26 @@ def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_re
     result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--with", "foo"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "invalid choice: 'foo'" in result.stderr, result.stderr
+
+
+def test_two_flavours_of_one_package_are_refused_naming_both():
+    with pytest.raises(config.ConfigError, match="multimolecule, multimolecule-patched each install multimolecule"):
+        config.default(extras=["multimolecule-patched", "multimolecule"])
+
+
+def test_a_flavours_fix_reaches_only_its_own_venv_not_the_installed_file_it_was_linked_to(tmp_path):
+    # uv links an installed file to its cache, and every venv with that release links the same inode.
+    flavour = server_packages.FLAVOURS["multimolecule-patched"]
+    site_of_this_env = Path(importlib.util.find_spec("multimolecule").origin).parent.parent
+    released = site_of_this_env / series.touched(flavour.series)[0]
+    cache = tmp_path / "uv-cache" / "sinusoidal.py"
+    cache.parent.mkdir()
+    shutil.copyfile(released, cache)
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    installed = site / series.touched(flavour.series)[0]
+    installed.parent.mkdir(parents=True)
+    os.link(cache, installed)
+    server_env.apply_series(flavour, tmp_path / "venv" / "bin" / "python")
+    assert cache.read_bytes() == released.read_bytes()
+    assert installed.stat().st_ino != cache.stat().st_ino
+    assert "promote_types" in installed.read_text() and "promote_types" not in cache.read_text()

@@ -37,7 +37,7 @@ from nnsight_repro import ROOT, channel, envs, models, overlays, series
 
 EXTRAS_07 = "nnsight-v0.7.0-extras"
 EXTRAS_08 = "nnsight-v0.8.1-extras"
-MULTIMOLECULE_FIX = "multimolecule-v0.2.2"
+MULTIMOLECULE_FIX = models.extended()["ernierna"].bfloat16_fix
 
 #: The exact messages upstream gives today.
 NO_TOKENIZER = ("Exception: Impossible to guess which tokenizer to use. Please provide a PreTrainedTokenizer "

@@ -1,18 +1,22 @@
-"""The whole panel on a live server: every panel model traced with ``remote=True`` on the multimolecule flavour.
+"""The whole panel on a live server: every panel model traced with ``remote=True`` on a multimolecule flavour.
 
-``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--models a,b] [--batch N] [--out-root DIR]`` runs, per
-line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
+``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--with multimolecule-patched] [--models a,b] [--batch N]
+[--out-root DIR]`` runs, per line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
 masked LMs, AntiBERTy with its packaged weights) through :mod:`remote_client`'s ``trace`` (first encoder layer
 and final hidden states read) and ``write`` (the first layer's output written, the logits read, or a base
 model's final hidden state) cases, each compared by the client with the same trace run locally, and writes
 ``results/ndif_<line>/panel.json`` and
-``panel.md``: one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
+``panel.md`` (``panel+<flavour>.*`` for a flavour other than :data:`FLAVOUR`): one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
 the server built (from the model actors' own records, :mod:`built_log`) and the provenance
 (:func:`nnsight_repro.provenance.record`, the one record every results file carries).
 
 Pairings (:data:`PAIRINGS`): on 0.8, nnsight 0.8.1 against ndif 0.1.2; on 0.7, the patched client against
 the stock server (what the public NDIF runs), and the stock client against it as the negative control,
 whose every failure is checked against what the envoy or the key bug predicts (:func:`predicted`).
+
+Server flavours (:data:`FLAVOURS`): ``multimolecule`` serves multimolecule 0.2.2 as released, so a model whose
+release cannot run in the server's dtype is predicted to fail with its own error; ``multimolecule-patched``
+serves it with our fix for upstream applied (``server_packages``), under which that model is predicted ``ok``.
 
 Deployed on demand, in batches (:data:`BATCH`): each batch gets a cold stack of its own, which is brought down
 before the next one comes up, so the stack never holds more than one batch's model actors (each actor is a
@@ -39,11 +43,13 @@ from typing import Callable, Dict, List, Optional
 
 from .. import ROOT, envs, fsutil, provenance
 from .. import models as panel_models
-from . import config, deploy, memcg, negative_control, netns, server_env, stack
+from . import config, deploy, memcg, negative_control, netns, server_env, server_packages, stack
 
-FLAVOUR = ("multimolecule",)
+#: The server flavours the panel runs on, the first its default (:mod:`server_packages`).
+FLAVOURS = ("multimolecule", "multimolecule-patched")
+FLAVOUR = FLAVOURS[0]
 
-#: (client environment, role) per line; the server is always the line's stock server with multimolecule.
+#: (client environment, role) per line; the server is always the line's stock server with a multimolecule flavour.
 PAIRINGS: Dict[str, List[tuple]] = {
     "0.8": [("upstream-0.8", "required")],
     "0.7": [("patched", "required"), ("main", "negative control")],
@@ -104,7 +110,7 @@ BUGS = {
 }
 
 
-def predicted(name: str, client: str, line: str) -> dict:
+def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict:
     """What a pairing of ``line`` should give for a model, from the model's facts and the server's.
 
     The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
@@ -115,8 +121,8 @@ def predicted(name: str, client: str, line: str) -> dict:
     (``AutoModel``) keeps its modules at the root (``embeddings``, ``encoder``), a path the rebuilt model
     does not have, so its request fails to load on the first module it names, before any class is rebuilt
     (the key bug again). Every other pairing is ``ok``, except a model that cannot run in the dtype the
-    server loads it in (``PanelModel.fails_in_bfloat16``, ``config.Generation.dtype``): that fails on the
-    server with the model's own error.
+    server loads it in (``PanelModel.fails_in_bfloat16``, ``config.Generation.dtype``) on a server ``flavour``
+    without its fix (``PanelModel.bfloat16_fix``): that fails on the server with the model's own error.
     """
     entry = panel_models.get(name)
     if client == "main" and entry.encoder:
@@ -126,7 +132,8 @@ def predicted(name: str, client: str, line: str) -> dict:
             return {"outcome": "fail", "bug": "key", "message": UNKNOWN_MODULE}
         if entry.has_output_child:
             return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
-    if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16":
+    fixes = {f.series for f in server_packages.flavours([flavour])}
+    if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16" and entry.bfloat16_fix not in fixes:
         return {"outcome": "fail", "bug": "bfloat16", "message": entry.fails_in_bfloat16}
     return {"outcome": "ok"}
 
@@ -165,13 +172,13 @@ def stack_memory(cfg: config.StackConfig) -> dict:
 
 
 def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
-             deploy_failure: Optional[str], batch: int) -> List[dict]:
+             deploy_failure: Optional[str], batch: int, flavour: str = FLAVOUR) -> List[dict]:
     out = []
     for trace, kind in TRACES.items():
         case = f"{kind}:{name}:{ATOL[line]}"
         record = by_case.get(case)
-        row = {"model": name, "line": line, "client": client, "role": role, "server": "stock+multimolecule",
-               "trace": trace, "batch": batch, "expected": predicted(name, client, line)}
+        row = {"model": name, "line": line, "client": client, "role": role, "server": f"stock+{flavour}",
+               "trace": trace, "batch": batch, "expected": predicted(name, client, line, flavour)}
         if deploy_failure is not None:
             row.update(ok=False, max_abs_diff=None, built_class=None, error="DeployError", reason=deploy_failure)
         elif record is None:
@@ -223,8 +230,8 @@ def _name_out_of_memory(records: Dict[str, dict], watch: "stack.MemoryWatch") ->
 
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
               while_up: Optional[Callable[[config.StackConfig], object]] = None,
-              memory_limit_mib: Optional[int] = None) -> dict:
-    """One cold stack of ``line`` (multimolecule flavour): ``names`` deployed on demand and traced by every
+              memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
+    """One cold stack of ``line`` (server ``flavour``): ``names`` deployed on demand and traced by every
     pairing's client; the stack is down again on return, also after a failure. ``memory_limit_mib`` caps the
     stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
 
@@ -232,10 +239,10 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
     probe script on the same cold stack instead of bringing up one more.
     """
-    cfg = config.default(line=line, extras=FLAVOUR, memory_limit_mib=memory_limit_mib)
+    cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
     group = None
     if netns.exists(cfg.netns):
-        say(f"a {line} multimolecule stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
+        say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
         stack.down(cfg)
     deploy_failures: Dict[str, str] = {}
     by_client: Dict[str, Dict[str, dict]] = {}
@@ -293,7 +300,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     built = {b["model_key"]: b["module_class"] for b in built_records}
     rows = [row for name in names for client, role in PAIRINGS[line]
             for row in _records(name, client, role, line, by_client.get(client, {}), built,
-                                deploy_failures.get(name), number)]
+                                deploy_failures.get(name), number, flavour)]
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
             "stack_timings": timings, "built": built_records, "rows": rows,
             "netns_left_after_down": netns.exists(cfg.netns),
@@ -301,12 +308,12 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
 
 
 def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say,
-             memory_limit_mib: Optional[int] = None) -> dict:
+             memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
     results = []
     for number, chunk in enumerate(batches, 1):
         say(f"{line}: batch {number}/{len(batches)}: {', '.join(chunk)}")
-        results.append(run_batch(line, chunk, number, say, memory_limit_mib=memory_limit_mib))
+        results.append(run_batch(line, chunk, number, say, memory_limit_mib=memory_limit_mib, flavour=flavour))
     return {"batches": results, "rows": [row for result in results for row in result["rows"]]}
 
 
@@ -317,7 +324,8 @@ def markdown(report: dict) -> str:
     lines = [f"# The panel on a live NDIF server, nnsight {report['line']} line", "",
              f"`{p['command']}` on {p['host']}, {p['date']}; server {server['env']} "
              f"(ndif {server.get('ndif')}, nnsight {server.get('nnsight')}, multimolecule "
-             f"{server.get('multimolecule')}); clients: "
+             f"{server.get('multimolecule')}"
+             + "".join(f", with patches/{fix}" for fix in server.get("series", {}).values()) + "); clients: "
              + ", ".join(f"{name} (nnsight {p['versions'][name].get('nnsight')})" for name in clients) + ".", "",
              f"Tolerance against the local float32 trace: {d['tolerance']}. "
              f"Deployed on demand, {report['batch_size']} models per cold stack.", "",
@@ -363,13 +371,14 @@ def summary(rows: List[dict]) -> dict:
 
 
 def report_for(line: str, result: dict, command: str, batch: int, started: str,
-               memory_limit_mib: Optional[int] = None) -> dict:
-    server = server_env.ensure(build=False, line=line, extras=FLAVOUR)
+               memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
+    server = server_env.ensure(build=False, line=line, extras=(flavour,))
+    fixes = {f.imports[0]: f.series for f in server_packages.flavours([flavour]) if f.series}
     packages = envs.reported_versions(server)
     versions = {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]}
     versions[server.name] = packages
     served = {"kind": "local NDIF stack", "line": line, "env": server.name, "env_digest": server.stamp["digest"],
-              "flavour": list(FLAVOUR),
+              "flavour": [flavour], **({"series": fixes} if fixes else {}),
               **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
               "note": ("PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; not the "
                        "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"}
@@ -383,9 +392,15 @@ def report_for(line: str, result: dict, command: str, batch: int, started: str,
                       f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
                       f"config.BF16_ATOL)"),
     }
-    return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
+    return {"line": line, "flavour": flavour, "provenance": provenance.record(command, versions=versions, server=served, details=details),
             "batch_size": batch,
             "summary": summary(result["rows"]), "rows": result["rows"], "batches": result["batches"]}
+
+
+def report_path(root: Path, line: str, flavour: str = FLAVOUR) -> Path:
+    """Where a line's report on ``flavour`` goes: ``<root>/ndif_<line>/panel.json``, ``panel+<flavour>.json``
+    for a flavour other than the default (the ``.md`` beside it)."""
+    return root / f"ndif_{line}" / ("panel.json" if flavour == FLAVOUR else f"panel+{flavour}.json")
 
 
 def main(argv=None) -> int:
@@ -400,8 +415,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=BATCH, help=f"models per cold stack (default {BATCH})")
     parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                         help="cap each batch's stack at MIB (its memory cgroup; default: no cap of its own)")
+    parser.add_argument("--with", dest="flavour", choices=FLAVOURS, default=FLAVOUR,
+                        help=f"the server flavour (default {FLAVOUR}: multimolecule as released; "
+                             f"multimolecule-patched: with patches/multimolecule-v0.2.2)")
     parser.add_argument("--out-root", default=str(ROOT / "results"),
-                        help="results root: writes <root>/ndif_<line>/panel.json and panel.md")
+                        help="results root: writes <root>/ndif_<line>/panel.json and panel.md "
+                             "(panel+<flavour>.* for another --with)")
     args = parser.parse_args(argv)
     known = panel_models.extended()
     names = list(known) if args.models is None else [m for m in args.models.split(",") if m]
@@ -416,15 +435,15 @@ def main(argv=None) -> int:
     try:
         for line in args.line or ["0.8", "0.7"]:
             started = provenance.date()
-            result = run_line(line, names, args.batch, memory_limit_mib=args.memory_limit)
-            report = report_for(line, result, command, args.batch, started, args.memory_limit)
-            out = Path(args.out_root) / f"ndif_{line}"
-            fsutil.write_text(out / "panel.json", json.dumps(report, indent=1) + "\n")
-            fsutil.write_text(out / "panel.md", markdown(report))
+            result = run_line(line, names, args.batch, memory_limit_mib=args.memory_limit, flavour=args.flavour)
+            report = report_for(line, result, command, args.batch, started, args.memory_limit, args.flavour)
+            out = report_path(Path(args.out_root), line, args.flavour)
+            fsutil.write_text(out, json.dumps(report, indent=1) + "\n")
+            fsutil.write_text(out.with_suffix(".md"), markdown(report))
             s = report["summary"]
             print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
                   f"{s['required_ok']}/{s['required']}; negative control as predicted "
-                  f"{s['negative_as_predicted']}/{s['negative']} -> {out / 'panel.json'}")
+                  f"{s['negative_as_predicted']}/{s['negative']} -> {out}")
     except stack.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from .. import envs
+from .. import envs, series
 from . import server_packages
 
 
@@ -102,9 +102,11 @@ def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
     client = envs.spec(spec.client_env)
     # The 0.8 server's inputs are exactly what they were before the 0.7 generation existed, so its
     # cached environment keeps its digest; a plain server's are what they were before flavours existed.
-    flavoured = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest()
-                 for f in server_packages.flavours(extras)}
+    chosen = server_packages.flavours(extras)
+    flavoured = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest() for f in chosen}
+    fixes = {f.name: series.digest(f.series) for f in chosen if f.series}
     return {**({"with_pins_sha256": flavoured} if flavoured else {}),
+        **({"with_series_sha256": fixes} if fixes else {}),
         "recipe": RECIPE,
         "ndif": spec.ndif,
         "ndif_wheel_sha256": spec.wheel_sha256,
@@ -151,6 +153,10 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     built = envs.release_wheel(step, client.nnsight, client.sdist_sha256)
     envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
                  "--no-deps", "--reinstall-package", "nnsight", str(built))
+    for flavour in flavours:
+        if flavour.series:
+            envs.log(f"{name}: applying the series {flavour.series} to the installed {flavour.imports[0]}")
+            apply_series(flavour, Path(python))
     envs.compile_bytecode(step, python)
     imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
     installed = step("checking the install", [python, "-c", (
@@ -160,6 +166,21 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
         raise envs.EnvError(f"Building {name!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[spec.ndif, client.nnsight]}.")
     envs.write_stamp(where, name, digest, wanted, envs.freeze(step, python))
+
+
+def apply_series(flavour: server_packages.Flavour, python: Path) -> None:
+    """The flavour's fix series applied to its package as installed for ``python``.
+
+    uv installs a file as a hard link to its cache, which every other venv with that release links too;
+    ``git apply`` writes each file it changes anew rather than in place, so the fix reaches this venv only
+    (tests/test_remote_ndif.py checks that it stays so).
+    """
+    package = flavour.imports[0]
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    try:
+        series.apply(flavour.series, site, only=package)
+    except series.SeriesError as exc:
+        raise envs.EnvError(f"The server flavour {flavour.name!r}: {exc}") from None
 
 
 def status(line: str = "0.8") -> dict:

@@ -1,16 +1,20 @@
 """Server flavours that add packages: what a serving image installs, and where the server imports it.
 
 A flavour is a name given to ``ndif up --with NAME`` (:attr:`nnsight_repro.ndif.config.StackConfig.extras`).
-Today there is one, ``multimolecule``: the RNA/codon models of multimolecule 0.2.2 exist for transformers only
-after ``import multimolecule`` (it registers their ``model_type`` with ``AutoConfig`` and the task Auto
-classes; the checkpoints carry no ``auto_map``), so a server that rebuilds them from a model key must have
-the package installed *and imported* wherever a model is built.
+``multimolecule``: the RNA/codon models of multimolecule 0.2.2 exist for transformers only after ``import
+multimolecule`` (it registers their ``model_type`` with ``AutoConfig`` and the task Auto classes; the
+checkpoints carry no ``auto_map``), so a server that rebuilds them from a model key must have the package
+installed *and imported* wherever a model is built. ``multimolecule-patched``: the same release with our fix
+for upstream (``patches/multimolecule-v0.2.2``) applied to the installed package, as a serving image that
+carries the fix before multimolecule releases it would; it is what ERNIE-RNA needs to run in the bfloat16
+NDIF loads models in (``models.PanelModel.fails_in_bfloat16``).
 
 How, in one place:
 
 - **installed**: the flavour's pins file (``pins/ndif-server-multimolecule.txt``) is resolved together with
   the generation's own pins into a server environment of its own (``ndif-server+multimolecule``,
-  ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports.
+  ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports. A
+  flavour's :attr:`Flavour.series` is applied to the installed package there, before it is byte-compiled.
 - **imported**: every server process gets ``NNSIGHT_REPRO_NDIF_SERVER_IMPORTS`` (:func:`environ`), and the two
   kinds of process that build a model from a key call :func:`import_for_models` before they do: the
   controller (both generations size a model by building it on the meta device from its key: 0.1.2's
@@ -35,7 +39,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from ..paths import variable
 
@@ -50,11 +54,15 @@ class Flavour:
     pins: str
     #: Top-level modules imported in every process that builds a model.
     imports: tuple
+    #: A fix series (``patches/<series>``) applied to the installed package ``imports[0]``; None: as released.
+    series: Optional[str] = None
 
 
 FLAVOURS: Dict[str, Flavour] = {
     f.name: f for f in [
         Flavour("multimolecule", "ndif-server-multimolecule.txt", ("multimolecule",)),
+        Flavour("multimolecule-patched", "ndif-server-multimolecule.txt", ("multimolecule",),
+                series="multimolecule-v0.2.2"),
     ]
 }
 
@@ -69,7 +77,14 @@ def flavours(names: Iterable[str]) -> List[Flavour]:
     if unknown:
         raise FlavourError(f"Unknown server flavour(s) {', '.join(unknown)}; "
                            f"`--with` takes: {', '.join(FLAVOURS)}.")
-    return [FLAVOURS[name] for name in sorted(set(names))]
+    chosen = [FLAVOURS[name] for name in sorted(set(names))]
+    # Two flavours of one package would install it once, and whether the fix is in would depend on order.
+    packages = [module for flavour in chosen for module in flavour.imports]
+    twice = sorted({module for module in packages if packages.count(module) > 1})
+    if twice:
+        raise FlavourError(f"Server flavours {', '.join(f.name for f in chosen)} each install {', '.join(twice)}; "
+                           f"choose one of them.")
+    return chosen
 
 
 def environ(names: Iterable[str]) -> Dict[str, str]:
