@@ -5,6 +5,7 @@ sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose rea
 ``results/ndif_0.7`` and ``results/ndif_0.8``.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -58,6 +59,13 @@ def test_a_model_that_fails_in_bfloat16_is_predicted_ok_on_the_flavour_that_carr
         assert panel.predicted(name, "patched", "0.7", "multimolecule-patched") == {"outcome": "ok"}
     # The fix does not touch what the stock client's key and envoy bugs do.
     assert panel.predicted("ernierna", "main", "0.7", "multimolecule-patched")["bug"] == "key"
+
+
+def test_a_model_that_fails_in_bfloat16_with_no_fix_is_predicted_to_fail_on_every_flavour(monkeypatch):
+    unfixed = dataclasses.replace(models.extended()["ernierna"], bfloat16_fix=None)
+    monkeypatch.setattr(panel.panel_models, "get", lambda name: unfixed)
+    for flavour in panel.FLAVOURS:
+        assert panel.predicted("ernierna", "patched", "0.7", flavour)["bug"] == "bfloat16", flavour
 
 
 def test_a_report_on_another_flavour_goes_beside_the_default_ones_and_never_over_them(tmp_path):

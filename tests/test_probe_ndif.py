@@ -171,6 +171,17 @@ def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_nam
     assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
+def test_a_flavour_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
+    from nnsight_repro.ndif.feasibility import declarations
+
+    (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
+    assert "multimolecule-patched" not in probe["expect_with"]
+    for line in ("upstream-0.8", "main"):
+        assert declarations.expectation(probe, line, ("multimolecule-patched",)) == \
+            declarations.expectation(probe, line, ("multimolecule",))
+    assert declarations.expectation(probe, "upstream-0.8", ("multimolecule-patched",)) == "ok"
+
+
 # Failures on the server ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -281,7 +292,7 @@ def test_expectation_for_an_unknown_server_flavour_is_refused(tmp_path):
     bad = probe_file(tmp_path, CONTROL + '[probe.expect_with.nightly]\n"upstream-0.8" = "ok"\n')
     result = run_script("--probes", str(bad), "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path / "out")
     assert result.returncode == 2
-    assert "expect_with.nightly: unknown server flavour (flavours: multimolecule)" in result.stderr
+    assert "expect_with.nightly: unknown server flavour (flavours: multimolecule, multimolecule-patched)" in result.stderr
 
 
 def test_unknown_server_flavour_on_the_command_line_is_refused(tmp_path):

@@ -252,7 +252,9 @@ def test_a_wait_that_times_out_quotes_the_end_of_the_services_log(tmp_path):
     log.write_text("Usage stats collection is disabled.\nLocal node IP: 127.0.0.1\n")
     with pytest.raises(stack.StackError, match=r"(?s)Timed out after 0 s waiting for Ray's head.*"
                                                r"ray\.log:\n    Usage stats.*\n    Local node IP: 127\.0\.0\.1$"):
-        stack._wait("Ray's head to start", lambda: False, [], 0.05, interval=0.01, log=log)
+        stack._wait("Ray's head to start", lambda: False, [], 0.05, interval=0.01, logs=[log])
+    with pytest.raises(stack.StackError, match=r"(?s)waiting for the API.*api\.log:\n\(no log\).*ray\.log:\n    Usage"):
+        stack._wait("the API", lambda: False, [], 0.05, interval=0.01, logs=[tmp_path / "api.log", log])
 
 
 def test_stack_that_dies_mid_run_is_reported_and_down_cleans_up(scratch_stack):
@@ -332,6 +334,9 @@ def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_re
 def test_two_flavours_of_one_package_are_refused_naming_both():
     with pytest.raises(config.ConfigError, match="multimolecule, multimolecule-patched each install multimolecule"):
         config.default(extras=["multimolecule-patched", "multimolecule"])
+    result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--with", "multimolecule",
+                             "--with", "multimolecule-patched"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "each install multimolecule; choose one" in result.stderr, result.stderr
 
 
 def test_a_flavours_fix_reaches_only_its_own_venv_not_the_installed_file_it_was_linked_to(tmp_path):

@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     sub.add_parser("panel", add_help=False,
-                   help="every panel model traced remotely on the multimolecule flavour "
-                        "-> results/ndif_<line>/panel.json (+ .md)")
+                   help="every panel model traced remotely on a multimolecule flavour "
+                        "-> results/ndif_<line>/panel.json (+ .md; panel+<flavour>.* for --with)")
     if argv and argv[0] == "negative-control":
         from . import negative_control
 

@@ -45,9 +45,9 @@ from .. import ROOT, envs, fsutil, provenance
 from .. import models as panel_models
 from . import config, deploy, memcg, negative_control, netns, server_env, server_packages, stack
 
-#: The server flavours the panel runs on, the first its default (:mod:`server_packages`).
-FLAVOURS = ("multimolecule", "multimolecule-patched")
-FLAVOUR = FLAVOURS[0]
+#: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
+FLAVOURS = tuple(name for name, f in server_packages.FLAVOURS.items() if "multimolecule" in f.imports)
+FLAVOUR = "multimolecule"
 
 #: (client environment, role) per line; the server is always the line's stock server with a multimolecule flavour.
 PAIRINGS: Dict[str, List[tuple]] = {
@@ -132,7 +132,7 @@ def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict
             return {"outcome": "fail", "bug": "key", "message": UNKNOWN_MODULE}
         if entry.has_output_child:
             return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
-    fixes = {f.series for f in server_packages.flavours([flavour])}
+    fixes = {f.series for f in server_packages.flavours([flavour]) if f.series}
     if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16" and entry.bfloat16_fix not in fixes:
         return {"outcome": "fail", "bug": "bfloat16", "message": entry.fails_in_bfloat16}
     return {"outcome": "ok"}
@@ -392,7 +392,7 @@ def report_for(line: str, result: dict, command: str, batch: int, started: str,
                       f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
                       f"config.BF16_ATOL)"),
     }
-    return {"line": line, "flavour": flavour, "provenance": provenance.record(command, versions=versions, server=served, details=details),
+    return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
             "batch_size": batch,
             "summary": summary(result["rows"]), "rows": result["rows"], "batches": result["batches"]}
 
@@ -406,7 +406,7 @@ def report_path(root: Path, line: str, flavour: str = FLAVOUR) -> Path:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif panel",
-                                     description="Every panel model traced with remote=True on the multimolecule "
+                                     description="Every panel model traced with remote=True on a multimolecule "
                                                  "flavour of the local NDIF stack(s).")
     parser.add_argument("--line", choices=sorted(PAIRINGS), action="append",
                         help="the nnsight line (repeatable; default both)")
@@ -415,9 +415,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=BATCH, help=f"models per cold stack (default {BATCH})")
     parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                         help="cap each batch's stack at MIB (its memory cgroup; default: no cap of its own)")
+    described = [f"{name} (with patches/{server_packages.FLAVOURS[name].series})" if server_packages.FLAVOURS[name].series
+                 else f"{name} (as released)" for name in FLAVOURS]
     parser.add_argument("--with", dest="flavour", choices=FLAVOURS, default=FLAVOUR,
-                        help=f"the server flavour (default {FLAVOUR}: multimolecule as released; "
-                             f"multimolecule-patched: with patches/multimolecule-v0.2.2)")
+                        help=f"the server flavour: {', '.join(described)}; default {FLAVOUR}")
     parser.add_argument("--out-root", default=str(ROOT / "results"),
                         help="results root: writes <root>/ndif_<line>/panel.json and panel.md "
                              "(panel+<flavour>.* for another --with)")

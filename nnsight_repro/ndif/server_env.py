@@ -104,9 +104,12 @@ def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
     # cached environment keeps its digest; a plain server's are what they were before flavours existed.
     chosen = server_packages.flavours(extras)
     flavoured = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest() for f in chosen}
-    fixes = {f.name: series.digest(f.series) for f in chosen if f.series}
+    try:
+        fixes = {f.name: series.digest(f.series) for f in chosen if f.series}
+    except series.SeriesError as exc:
+        raise envs.EnvError(f"The server flavour(s) {', '.join(f.name for f in chosen)}: {exc}") from None
     return {**({"with_pins_sha256": flavoured} if flavoured else {}),
-        **({"with_series_sha256": fixes} if fixes else {}),
+        **({"with_series_digest": fixes} if fixes else {}),
         "recipe": RECIPE,
         "ndif": spec.ndif,
         "ndif_wheel_sha256": spec.wheel_sha256,

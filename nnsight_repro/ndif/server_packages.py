@@ -68,7 +68,7 @@ FLAVOURS: Dict[str, Flavour] = {
 
 
 class FlavourError(ValueError):
-    """An unknown flavour; the message lists the known ones."""
+    """An unknown flavour (the message lists the known ones), or two that install the same package."""
 
 
 def flavours(names: Iterable[str]) -> List[Flavour]:
@@ -78,7 +78,7 @@ def flavours(names: Iterable[str]) -> List[Flavour]:
         raise FlavourError(f"Unknown server flavour(s) {', '.join(unknown)}; "
                            f"`--with` takes: {', '.join(FLAVOURS)}.")
     chosen = [FLAVOURS[name] for name in sorted(set(names))]
-    # Two flavours of one package would install it once, and whether the fix is in would depend on order.
+    # Two flavours of one package ask for it both as released and patched, say: one venv cannot be both.
     packages = [module for flavour in chosen for module in flavour.imports]
     twice = sorted({module for module in packages if packages.count(module) > 1})
     if twice:

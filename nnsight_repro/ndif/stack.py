@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import ROOT, channel, envs, fsutil
 from .. import models as panel
@@ -175,6 +175,10 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _quoted(path: Path) -> str:
+    return f"Last lines of {path}:\n{_log_tail(path)}"
+
+
 def _log_tail(path: Path, lines: int = 12) -> str:
     text = _read(path).strip().splitlines()
     if not text and not path.exists():
@@ -211,8 +215,7 @@ class Service:
         if "Address already in use" in tail or "address already in use" in tail:
             raise StackError(f"{self.name} could not start: port {self.port} is already taken inside the stack's "
                              f"namespace. Log ({self.log}):\n{tail}")
-        raise StackError(f"{self.name} exited with code {self.process.returncode} during start. "
-                         f"Last lines of {self.log}:\n{tail}")
+        raise StackError(f"{self.name} exited with code {self.process.returncode} during start. {_quoted(self.log)}")
 
 
 def _services(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
@@ -288,11 +291,11 @@ def ensure_ports_free(cfg: configuration.StackConfig, services: List[Service]) -
 
 
 def _wait(what: str, ready: Callable[[], object], services: List[Service], timeout: float,
-          interval: float = 0.5, watch: Callable[[], None] = lambda: None, log: Optional[Path] = None):
+          interval: float = 0.5, watch: Callable[[], None] = lambda: None, logs: Sequence[Path] = ()):
     """Poll ``ready`` until it returns something truthy; fail early if a service dies or ``watch`` raises.
 
-    A timeout quotes the end of ``log``: the next ``up`` clears the logs, so the error is where what the
-    service was doing survives.
+    A timeout quotes the end of each of ``logs``: the next ``up`` clears the logs, so the error is where
+    what the services were doing survives.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -304,8 +307,8 @@ def _wait(what: str, ready: Callable[[], object], services: List[Service], timeo
         if value:
             return value
         if time.monotonic() > deadline:
-            quoted = f" Last lines of {log}:\n{_log_tail(log)}" if log else ""
-            raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}.{quoted}")
+            raise StackError(f"Timed out after {timeout:.0f} s waiting for {what}."
+                             + "".join(f" {_quoted(log)}" for log in logs))
         time.sleep(interval)
 
 
@@ -510,7 +513,7 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
               lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
               [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
         _wait("Ray's head to start", lambda: RAY_STARTED in _read(by_name["ray"].log), services[:3],
-              cfg.start_timeout, interval=0.2, watch=starting, log=by_name["ray"].log)
+              cfg.start_timeout, interval=0.2, watch=starting, logs=[by_name["ray"].log])
         phase("starting the API")
         by_name["api"].start(cfg, service_env, group)
         state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
@@ -520,7 +523,8 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
         # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
         _wait("the API to connect to Ray and the controller to list the node",
               lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
-              cfg.start_timeout, interval=0.5, watch=starting, log=by_name["api"].log)
+              cfg.start_timeout, interval=0.5, watch=starting,
+              logs=[by_name["api"].log, by_name["ray"].log])
         timings["services_s"] = round(time.monotonic() - t_cold, 2)
         say(f"services up in {timings['services_s']} s")
         if minted:

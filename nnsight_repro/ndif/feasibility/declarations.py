@@ -147,10 +147,19 @@ def validate_expect_with(name: str, expect_with) -> None:
 
 def expectation(probe: dict, client_line: str, flavours=()):
     """What ``probe`` expects of ``client_line`` against a server with the packages of ``flavours``: a
-    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``."""
+    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``.
+
+    A flavour with no entry of its own takes the entry named after a package it installs: the probes
+    declare what a server with the package does, and ``multimolecule-patched`` has multimolecule too.
+    """
+    from nnsight_repro.ndif import server_packages
+
+    declared = probe.get("expect_with", {})
     expected = probe["expect"][client_line]
     for flavour in flavours:
-        expected = probe.get("expect_with", {}).get(flavour, {}).get(client_line, expected)
+        packages = server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
+        entry = declared.get(flavour) or next((declared[m] for m in packages if m in declared), {})
+        expected = entry.get(client_line, expected)
     return expected
 
 
