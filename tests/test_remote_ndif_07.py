@@ -14,11 +14,12 @@ these tests fail; none of them skips.
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT
+from nnsight_repro import ROOT, channel
 from nnsight_repro.ndif import config, negative_control, stack
 from nnsight_repro.paths import cache_dir
 
@@ -200,6 +201,63 @@ def test_cli_refuses_mixed_up_flags_with_a_message():
         result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", *args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def _fake_ray(monkeypatch, ready_after_s):
+    """Just what [A14] touches of Ray: the dashboard-address key, the KV getter, and a start_api_server that
+    polls it as Ray 2.50's does (a fixed number of polls, here 20 x 0.01 s)."""
+    import types
+
+    constants = types.SimpleNamespace(DASHBOARD_ADDRESS="dashboard")
+    started = time.monotonic()
+    kv = types.SimpleNamespace(_internal_kv_get=lambda key, namespace=None: (
+        b"127.0.0.1:8265" if key == "dashboard" and time.monotonic() - started > ready_after_s else None))
+
+    def start_api_server():
+        for _ in range(20):
+            url = kv._internal_kv_get("dashboard", namespace="dashboard")
+            if url is not None:
+                return url
+            time.sleep(0.01)
+        return None
+
+    for name, module in {"ray": types.ModuleType("ray"), "ray._private": types.SimpleNamespace(ray_constants=constants),
+                         "ray._private.ray_constants": constants, "ray.experimental": types.SimpleNamespace(internal_kv=kv),
+                         "ray.experimental.internal_kv": kv}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return types.SimpleNamespace(start_api_server=start_api_server), kv
+
+
+def test_rays_start_waits_for_a_dashboard_slower_than_its_fixed_polls_and_then_restores_the_getter(monkeypatch):
+    from nnsight_repro.ndif import adaptations_0_0_1 as adaptations
+
+    monkeypatch.setattr(adaptations, "DASHBOARD_POLL_EXTRA_S", 0.01)
+    services, kv = _fake_ray(monkeypatch, ready_after_s=0.3)
+    assert services.start_api_server() is None  # Ray's own budget, 0.2 s, is too short
+    services, kv = _fake_ray(monkeypatch, ready_after_s=0.3)
+    getter = kv._internal_kv_get
+    adaptations._patient_dashboard_start(services)
+    assert services.start_api_server() == b"127.0.0.1:8265"
+    assert kv._internal_kv_get is getter
+
+
+def test_the_dashboard_adaptation_reaches_ray_250s_own_start_api_server_and_its_fixed_polls():
+    # What [A14] assumes of the 0.7 server's Ray: the loop it stretches is there, and the hook wraps it.
+    from nnsight_repro.ndif import server_env
+
+    env = server_env.ensure(build=False, line="0.7")
+    found = channel.run_one([str(env.python), "-c", (
+        "import inspect, json, sys\n"
+        "from nnsight_repro import channel\n"
+        "from nnsight_repro.ndif import adaptations_0_0_1\n"
+        "adaptations_0_0_1.install()\n"
+        "import ray, ray._private.services as services\n"
+        "wrapped = getattr(services.start_api_server, '__wrapped__', None)\n"
+        "source = inspect.getsource(wrapped) if wrapped else ''\n"
+        "channel.send({'ray': ray.__version__, 'wrapped': bool(wrapped),\n"
+        "              'polls': 'for _ in range(200)' in source and '_internal_kv_get(' in source})\n")],
+        env=env.environ(), cwd=ROOT, timeout=180, what="the 0.7 server's Ray")
+    assert found == {"ray": "2.50.0", "wrapped": True, "polls": True}, found
 
 
 def test_status_and_down_of_a_07_stack_that_is_not_running_say_so():

@@ -33,6 +33,8 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A13] a flavour's packages (``--with multimolecule``) imported by the controller and the model actor before
   they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`; not by the
   other server processes, which build none).
+- [A14] Ray 2.50's ``ray start`` waits for its dashboard as long as a loaded two-core machine needs (the
+  ``ray`` CLI and every ``ray.init`` that starts a Ray).
 - Not code either: redis-py 7.1 (8.x's 5 s socket timeout breaks the dispatcher's blocking reads),
   the undeclared imports (Prometheus/Loki/Influx clients, psutil, accelerate) in
   ``pins/ndif-server-0.7.txt``; moto as the S3 store (0.0.1 sends every result through it); ndif's
@@ -123,6 +125,45 @@ def _alias_nnsight_error(module) -> None:
 # expiry, for a trigger lost in the moment between that and the dispatcher's first read.
 
 STATUS_REQUEST_EXPIRY_S = 3
+
+
+# [A14] Ray's dashboard under load ----------------------------------------------------------------------
+# Ray 2.50's start_api_server polls for the dashboard's URL 200 times, 0.1 s apart: a fixed 20 s. On two
+# busy cores the dashboard takes longer (measured in CI under two busy loops: 26 s from its start to its
+# HTTP server), `ray start --head` then fails ("Failed to start the dashboard"), ndif 0.0.1's start.sh
+# runs the controller anyway, and the controller's ray.init() starts a Ray of its own: the stack never
+# comes up. (Ray 2.60, the 0.8 server's, is not adapted.) While that function runs, a poll that finds no
+# URL waits DASHBOARD_POLL_EXTRA_S more, so the 200 polls span about two minutes; the loop still checks
+# the dashboard's process between polls, so a dashboard that died is reported as quickly as before.
+
+DASHBOARD_POLL_EXTRA_S = 0.5
+
+
+@_after_import("ray._private.services")
+def _patient_dashboard_start(module) -> None:
+    original = module.start_api_server
+
+    def start_api_server(*args, **kwargs):
+        # Imported here: this hook runs while `ray` itself is still being imported.
+        from ray._private import ray_constants
+        from ray.experimental import internal_kv
+
+        get = internal_kv._internal_kv_get
+
+        def patient_get(key, *get_args, **get_kwargs):
+            value = get(key, *get_args, **get_kwargs)
+            if value is None and key == ray_constants.DASHBOARD_ADDRESS:
+                time.sleep(DASHBOARD_POLL_EXTRA_S)
+            return value
+
+        internal_kv._internal_kv_get = patient_get
+        try:
+            return original(*args, **kwargs)
+        finally:
+            internal_kv._internal_kv_get = get
+
+    start_api_server.__wrapped__ = original
+    module.start_api_server = start_api_server
 
 
 @_after_import("src.queue.dispatcher")
