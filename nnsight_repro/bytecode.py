@@ -1,85 +1,101 @@
-"""Byte-compiles a venv's site-packages, sharing each ``.pyc`` between every venv that has the same source file.
+"""Shares the ``.pyc`` files of a venv's site-packages with every venv that has the same source file.
 
-Run by the venv's own interpreter at the end of a build: ``python bytecode.py <site-packages> <store>``.
+Run by the venv's own interpreter around a build's import check (:func:`nnsight_repro.envs.checked`):
 
-Why: the environments run with ``PYTHONDONTWRITEBYTECODE``, so a venv without ``.pyc`` files compiles
-torch and transformers from source in every process (measured: ``import torch, transformers, nnsight``
-24-29 s instead of 12-14 s on the loaded 2-core machine). Compiling all of a venv's 15,000 files costs
-about 58 CPU-seconds, more than the rest of its build, and main, patched and both NDIF servers hold
-mostly the same files.
+    python bytecode.py link <site-packages> <store>      # before: every .pyc the store has, linked in
+    python bytecode.py publish <site-packages> <store>   # after: every .pyc the check wrote, into the store
 
-uv installs every file as a hard link into its cache, so the same release of a package is the same
-inode in every venv. A compiled file is kept in ``<store>`` under that inode (with the source's mtime
-and size, which the ``.pyc`` header records and Python checks on import) and hard-linked into each
-venv's ``__pycache__``; only files no venv has compiled yet are compiled. A source that was copied
-rather than linked has its own inode and is simply compiled. The stored code is not tied to a path:
-the import system rewrites a code object's file name to the source it was loaded for.
+Why only what is imported: a torch venv holds about 15,000 ``.py`` files, and an import of torch,
+transformers and nnsight touches about 4,600 of them. Compiling all of them took 48 s of a 78 s build of
+``main`` on the idle 2-core machine, for files no process loads; the check compiles the ones it imports
+as it imports them, and a process that imports another module later writes its ``.pyc`` once (the
+environments do not set ``PYTHONDONTWRITEBYTECODE``).
 
-Stdlib only; prints one summary line.
+uv installs every file as a hard link into its cache, so the same release of a package is the same inode
+in every venv. A ``.pyc`` is kept in ``<store>`` under that inode (with the source's mtime and size, which
+the ``.pyc`` header records and Python checks on import) and hard-linked into each venv's
+``__pycache__``, so ``patched``, ``upstream-0.8`` and the NDIF servers compile only what ``main`` did not.
+A source that was copied rather than linked has its own inode and simply gets its own ``.pyc``. The
+stored code is not tied to a path: the import system rewrites a code object's file name to the source it
+was loaded for.
+
+Stdlib only; prints one summary line. It never compiles anything itself.
 """
 
 import importlib.util
 import os
-import py_compile
+import struct
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 
 def key(stat) -> str:
     return f"{stat.st_dev}-{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}.pyc"
 
 
-def publish(source: str, target: str, store: str, name: str) -> bool:
-    """Puts ``target`` (compiled from ``source``) into the store; False if it could not be compiled."""
-    try:
-        py_compile.compile(source, cfile=target, doraise=True)
-    except (py_compile.PyCompileError, SyntaxError, ValueError, OSError):
-        return False  # what compileall skips too (test data, Python 2 files)
-    staging = os.path.join(store, f".{name}.{os.getpid()}")
-    try:
-        os.link(target, staging)
-        os.replace(staging, os.path.join(store, name))
-    except OSError:
-        pass  # the store is an optimisation; a venv with its own .pyc is complete
-    return True
+def sources(site_packages: str):
+    """``(source, its .pyc path, its store name)`` for every ``.py`` under ``site_packages``."""
+    for folder, dirs, files in os.walk(site_packages):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for filename in files:
+            if filename.endswith(".py"):
+                source = os.path.join(folder, filename)
+                yield source, importlib.util.cache_from_source(source), key(os.stat(source))
 
 
-def link_into(stored: str, target: str) -> bool:
+def replace_with_link(existing: str, target: str) -> bool:
     staging = f"{target}.{os.getpid()}.tmp"
     try:
-        os.link(stored, staging)
+        os.link(existing, staging)
         os.replace(staging, target)
         return True
     except OSError:
         return False
 
 
-def _publish(args):
-    return publish(*args)
+def written_for(pyc: str, source_stat) -> bool:
+    """Whether ``pyc`` is this interpreter's, compiled from a source of this mtime and size (its header),
+    i.e. one Python would load rather than recompile."""
+    try:
+        with open(pyc, "rb") as fh:
+            header = fh.read(16)
+    except OSError:
+        return False
+    if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags, mtime, size = struct.unpack("<III", header[4:16])
+    return flags == 0 and mtime == int(source_stat.st_mtime) & 0xFFFFFFFF and size == source_stat.st_size & 0xFFFFFFFF
 
 
-def main(site_packages: str, store: str) -> int:
+def link(site_packages: str, store: str) -> str:
+    linked = 0
+    for source, pyc, name in sources(site_packages):
+        stored = os.path.join(store, name)
+        if os.path.exists(stored):
+            os.makedirs(os.path.dirname(pyc), exist_ok=True)
+            linked += replace_with_link(stored, pyc)
+    return f"{linked} .pyc linked from the store"
+
+
+def publish(site_packages: str, store: str) -> str:
+    published = 0
+    for source, pyc, name in sources(site_packages):
+        stored = os.path.join(store, name)
+        if os.path.exists(stored) or not written_for(pyc, os.stat(source)):
+            continue
+        # Two builds side by side may both publish a file: either .pyc is valid for that source.
+        published += replace_with_link(pyc, stored)
+    return f"{published} .pyc published to the store"
+
+
+def main(argv) -> int:
+    if len(argv) != 3 or argv[0] not in ("link", "publish"):
+        print("usage: bytecode.py link|publish <site-packages> <store>", file=sys.stderr)
+        return 2
+    action, site_packages, store = argv
     os.makedirs(store, exist_ok=True)
-    linked, todo = 0, []
-    for folder, dirs, files in os.walk(site_packages):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for filename in files:
-            if not filename.endswith(".py"):
-                continue
-            source = os.path.join(folder, filename)
-            target = importlib.util.cache_from_source(source)
-            name = key(os.stat(source))
-            stored = os.path.join(store, name)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if os.path.exists(stored) and link_into(stored, target):
-                linked += 1
-            else:
-                todo.append((source, target, store, name))
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        compiled = sum(pool.map(_publish, todo, chunksize=64))
-    print(f"{linked} linked from the store, {compiled} compiled, {len(todo) - compiled} not compilable")
+    print(link(site_packages, store) if action == "link" else publish(site_packages, store))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1:]))

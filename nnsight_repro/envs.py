@@ -45,7 +45,7 @@ from . import ROOT, channel, fsutil, paths, series, uvtool
 from .paths import cache_dir
 
 #: Bump when the build steps change, so existing environments are rebuilt.
-RECIPE = 5
+RECIPE = 6
 
 PINS = Path(__file__).resolve().parent / "pins"
 
@@ -200,8 +200,10 @@ class Env:
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONDONTWRITEBYTECODE": "1",
         })
+        # A module no build's import check loaded gets its .pyc written by the first process that imports it
+        # (bytecode.py), instead of being compiled again by every process.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(extra or {})
         return env
 
@@ -370,8 +372,8 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
 #    wheel back. Compiling nnsight's C extension is most of that step, and one release's wheel is the
 #    same in every environment that installs it, so it is built once into the cache (``release_wheel``);
 #    a series that changes only Python files (each of ours) goes into a copy of it (``series_wheel``).
-# 4. Every .py byte-compiled (the environments run with PYTHONDONTWRITEBYTECODE, so a missing .pyc is
-#    recompiled by every process), each .pyc shared between venvs through a store (``bytecode.py``).
+# 4. The import check, which compiles what it imports; each .pyc is shared between venvs through a store
+#    (``bytecode.py``), so a module is compiled once for every venv that installs the same file.
 
 BUILD_PINS = PINS / "build.txt"
 
@@ -486,12 +488,22 @@ def series_wheel(release: Path, name: str, source: Path, out: Path) -> Optional[
     return target
 
 
-def compile_bytecode(step, python: str) -> None:
-    """Step 4: every .py byte-compiled, each .pyc shared with the venvs that link the same file (bytecode.py)."""
-    site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
-    summary = step("byte-compiling site-packages (shared .pyc store)",
-                   [python, str(Path(__file__).with_name("bytecode.py")), str(site), str(cache_dir() / "pyc")])
-    log(f"{Path(python).parent.parent.parent.name}: bytecode: {summary.strip()}")
+def checked(step, python: str, description: str, code: str) -> str:
+    """Step 4: the build's import check, ``code`` run by the new venv; its output.
+
+    Its bytecode is shared (``bytecode.py``): first every ``.pyc`` another venv compiled for the same
+    installed file is linked in, then the check runs with bytecode writing on, compiling what it imports
+    and nothing else, and what it compiled goes into the store for the next venv.
+    """
+    site = str(next(Path(python).parent.parent.glob("lib/python*/site-packages")))
+    share = [python, str(Path(__file__).with_name("bytecode.py"))]
+    store = str(cache_dir() / "pyc")
+    linked = step("linking the .pyc other venvs compiled", [*share, "link", site, store]).strip()
+    writing = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    output = step(description, [python, "-c", code], env=writing)
+    published = step("sharing the .pyc it compiled", [*share, "publish", site, store]).strip()
+    log(f"{Path(python).parent.parent.parent.name}: bytecode: {linked}; {published}")
+    return output
 
 
 def freeze(step, python: str) -> List[str]:
@@ -530,9 +542,8 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
         uv_step(step, f"installing nnsight {s.nnsight}", "pip", "install", "--python", python, "--no-deps",
                 "--reinstall-package", "nnsight", str(wheel))
     uv_step(step, "checking that every requirement is installed", "pip", "check", "--python", python)
-    compile_bytecode(step, python)
-    installed = step("checking the install", [python, "-c",
-                     "import importlib.metadata as m, nnsight; print(m.version('nnsight'))"]).strip()
+    installed = checked(step, python, "checking the install (importing nnsight)",
+                        "import importlib.metadata as m, nnsight; print(m.version('nnsight'))").strip()
     if installed != s.nnsight:
         raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
     write_stamp(path, s.name, digest, wanted, freeze(step, python))
@@ -541,9 +552,7 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
 def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
     python = make_venv(step, path)
     install_pins(step, python, PINS / s.pins, torch=False)
-    compile_bytecode(step, python)
-    if s.imports:
-        step(f"importing {', '.join(s.imports)}", [python, "-c", "import " + ", ".join(s.imports)])
+    checked(step, python, f"checking the install (importing {', '.join(s.imports)})", "import " + ", ".join(s.imports))
     write_stamp(path, s.name, digest, wanted, freeze(step, python))
 
 

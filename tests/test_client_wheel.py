@@ -23,7 +23,7 @@ def researcher(tmp_path_factory):
     step = envs.stepper("researcher venv", folder / "build.log")
     python = envs.make_venv(step, folder)
     envs.install_pins(step, python, envs.PINS / "line-0.7.txt")
-    envs.compile_bytecode(step, python)
+    envs.checked(step, python, "importing torch and transformers", "import torch, transformers")
     base = getattr(sys, "_base_executable", sys.executable)
     installed = subprocess.run([base, "-m", "pip", "--python", python, "install", "--quiet", str(built)],
                                capture_output=True, text=True, timeout=600)

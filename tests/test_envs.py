@@ -82,25 +82,50 @@ from nnsight_repro import uvtool  # noqa: E402
 BYTECODE = ROOT / "nnsight_repro" / "bytecode.py"
 
 
-def test_a_pyc_compiled_for_one_venv_is_linked_into_the_next_and_reports_that_venvs_path(tmp_path):
+def share(action, site, store):
+    return subprocess.run([sys.executable, str(BYTECODE), action, str(site), str(store)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def imported(site, statement, write=True):
+    """``statement`` run with ``site`` on the path, as a build's check (``write``) or with bytecode writing off."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    flags = [] if write else ["-B"]
+    return subprocess.run([sys.executable, *flags, "-c", statement], capture_output=True, text=True, check=True,
+                          env={**env, "PYTHONPATH": str(site)}).stdout.split()
+
+
+def pyc(site, module):
+    return site / "__pycache__" / f"{module}.{sys.implementation.cache_tag}.pyc"
+
+
+def test_a_pyc_a_check_compiled_in_one_venv_is_linked_into_the_next_and_reports_that_venvs_path(tmp_path):
     # Two "site-packages" holding the same file as one inode, as uv installs it from its cache.
     first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
     first.mkdir(), second.mkdir()
     (first / "shared_mod.py").write_text("def where():\n    return where.__code__.co_filename\n")
     os.link(first / "shared_mod.py", second / "shared_mod.py")
-    (second / "own_mod.py").write_text("X = 1\n")
-    runs = [subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], capture_output=True,
-                           text=True, check=True).stdout for site in (first, second)]
-    assert runs[0].startswith("0 linked from the store, 1 compiled"), runs[0]
-    assert runs[1].startswith("1 linked from the store, 1 compiled"), runs[1]
-    pyc = [site / "__pycache__" / f"shared_mod.{sys.implementation.cache_tag}.pyc" for site in (first, second)]
-    assert pyc[0].stat().st_ino == pyc[1].stat().st_ino
+    assert share("link", first, store) == "0 .pyc linked from the store"
+    imported(first, "import shared_mod")
+    assert share("publish", first, store) == "1 .pyc published to the store"
+    assert share("link", second, store) == "1 .pyc linked from the store"
+    assert pyc(first, "shared_mod").stat().st_ino == pyc(second, "shared_mod").stat().st_ino
     # Imported from the second copy with bytecode writing off: it runs the shared .pyc, and its code
     # names the second copy, not the file it was compiled from.
-    found = subprocess.run([sys.executable, "-B", "-c", "import shared_mod, sys; print(shared_mod.where()); "
-                            "print(shared_mod.__cached__)"], cwd=second, capture_output=True, text=True,
-                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.split()
-    assert found == [str(second / "shared_mod.py"), str(pyc[1])]
+    found = imported(second, "import shared_mod; print(shared_mod.where()); print(shared_mod.__cached__)",
+                     write=False)
+    assert found == [str(second / "shared_mod.py"), str(pyc(second, "shared_mod"))]
+
+
+def test_only_what_the_check_imports_is_compiled(tmp_path):
+    site, store = tmp_path / "site", tmp_path / "store"
+    site.mkdir()
+    (site / "used.py").write_text("import helper\n")
+    (site / "helper.py").write_text("X = 1\n")
+    (site / "unused.py").write_text("Y = 2\n")
+    imported(site, "import used")
+    assert share("publish", site, store) == "2 .pyc published to the store"
+    assert pyc(site, "used").exists() and pyc(site, "helper").exists() and not pyc(site, "unused").exists()
 
 
 def test_a_pyc_for_a_file_that_changed_is_not_reused(tmp_path):
@@ -108,11 +133,29 @@ def test_a_pyc_for_a_file_that_changed_is_not_reused(tmp_path):
     first.mkdir(), second.mkdir()
     (first / "m.py").write_text("A = 1\n")
     (second / "m.py").write_text("A = 2\n")  # another inode: compiled for itself
-    for site in (first, second):
-        subprocess.run([sys.executable, str(BYTECODE), str(site), str(store)], check=True, capture_output=True)
-    value = subprocess.run([sys.executable, "-B", "-c", "import m; print(m.A)"], capture_output=True, text=True,
-                           check=True, env={**os.environ, "PYTHONPATH": str(second)}).stdout.strip()
-    assert value == "2"
+    imported(first, "import m")
+    share("publish", first, store)
+    assert share("link", second, store) == "0 .pyc linked from the store"
+    assert imported(second, "import m; print(m.A)") == ["2"]
+
+
+def test_a_pyc_that_does_not_match_its_source_is_not_published(tmp_path):
+    site, store = tmp_path / "site", tmp_path / "store"
+    site.mkdir()
+    (site / "m.py").write_text("A = 1\n")
+    imported(site, "import m")
+    (site / "m.py").write_text("A = 22\n")  # edited in place after it was compiled: the .pyc is stale
+    assert share("publish", site, store) == "0 .pyc published to the store"
+
+
+@pytest.mark.parametrize("line", ["0.7", "0.8"])
+def test_environment_and_stack_processes_write_the_bytecode_no_check_compiled(monkeypatch, line):
+    from nnsight_repro.ndif import config
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert "PYTHONDONTWRITEBYTECODE" not in envs.Env("main", envs.env_dir("main"), {}).environ()
+    role = "api" if line == "0.7" else ""
+    assert "PYTHONDONTWRITEBYTECODE" not in config.default(line=line).environ(Path("/nowhere/bin"), role=role)
 
 
 def test_find_links_come_from_pips_environment_and_config(tmp_path, monkeypatch):

@@ -281,8 +281,9 @@ class StackConfig:
         """
         if self.line == "0.7":
             return self._environ_0_0_1(venv_bin, role)
+        # Without PYTHONDONTWRITEBYTECODE, as every environment's process (envs.Env.environ says why).
         base = {k: v for k, v in os.environ.items()
-                if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS"}
+                if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "PYTHONDONTWRITEBYTECODE"}
                 and not k.startswith(("NDIF_", "RAY_", "GUNICORN_"))}
         env = {
             **base,
@@ -311,7 +312,6 @@ class StackConfig:
             # /status is served from a Redis cache; the default 60 s would hide a fresh deploy.
             "NDIF_STATUS_TTL_S": "2",
             "RAY_USAGE_STATS_ENABLED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             # Adaptations (each explained in the adaptations module).
             "RAY_OVERRIDE_RESOURCES": json.dumps(
@@ -333,7 +333,8 @@ class StackConfig:
             raise ConfigError(f"role must be 'ray' or 'api' for the 0.0.1 stack, not {role!r}.")
         site = service_root(venv_bin)
         base = {k: v for k, v in os.environ.items()
-                if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "API_URL", "BROKER_URL"}
+                if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "API_URL", "BROKER_URL",
+                              "PYTHONDONTWRITEBYTECODE"}
                 and not k.startswith(("NDIF_", "RAY_", "GUNICORN_", "OBJECT_STORE_", "COORDINATOR_"))}
         # The generated sitecustomize (and the patched nnsight) first; the project, so it imports the
         # adaptations; for the Ray half, ndif's ray service folder, so Ray workers import its `src`
@@ -373,7 +374,6 @@ class StackConfig:
             # /status is served from a Redis cache; the default 120 s would hide a fresh deploy.
             "COORDINATOR_STATUS_CACHE_FREQ_S": "2",
             "RAY_USAGE_STATS_ENABLED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             # Adaptations (each explained in the adaptations module): fake GPUs, and where the CPU
             # model actor records what it built.

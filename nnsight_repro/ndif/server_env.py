@@ -72,7 +72,7 @@ SERVERS: Dict[str, ServerSpec] = {
 }
 
 #: Bump when the build steps change, so existing server environments are rebuilt.
-RECIPE = 2
+RECIPE = 3
 
 
 def log(message: str) -> None:
@@ -160,11 +160,10 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
         if flavour.series:
             envs.log(f"{name}: applying the series {flavour.series} to the installed {flavour.imports[0]}")
             apply_series(flavour, Path(python))
-    envs.compile_bytecode(step, python)
     imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
-    installed = step("checking the install", [python, "-c", (
+    installed = envs.checked(step, python, f"checking the install (importing {imports})", (
         f"import importlib.metadata as m, {imports}\n"
-        "print(m.version('ndif'), m.version('nnsight'))")]).split()
+        "print(m.version('ndif'), m.version('nnsight'))")).split()
     if installed != [spec.ndif, client.nnsight]:
         raise envs.EnvError(f"Building {name!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[spec.ndif, client.nnsight]}.")
