@@ -201,8 +201,8 @@ class Env:
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",
         })
-        # A module no build's import check loaded gets its .pyc written by the first process that imports it
-        # (bytecode.py), instead of being compiled again by every process.
+        # Python writes the .pyc of a module no build's import check loaded when a process first imports it,
+        # once per venv, instead of every process compiling it again (bytecode.py).
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(extra or {})
         return env
@@ -307,7 +307,12 @@ def cached(name: str, path: Path, wanted_inputs, builder, *, build: bool, how_to
             raise EnvError(f"Environment {name!r} at {path} cannot be used: {reason}. "
                            f"Build it with `{how_to_build}`.")
         log(f"building {name!r} ({reason}) in {path}")
-        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            # Moved aside first: a process still running from the old build (a stack left up) may write a
+            # .pyc into it while it is deleted, which would leave the folder behind.
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            shutil.rmtree(old, ignore_errors=True)
         started = time.monotonic()
         path.mkdir(parents=True)
         builder(path, wanted, digest)
@@ -372,8 +377,9 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
 #    wheel back. Compiling nnsight's C extension is most of that step, and one release's wheel is the
 #    same in every environment that installs it, so it is built once into the cache (``release_wheel``);
 #    a series that changes only Python files (each of ours) goes into a copy of it (``series_wheel``).
-# 4. The import check, which compiles what it imports; each .pyc is shared between venvs through a store
-#    (``bytecode.py``), so a module is compiled once for every venv that installs the same file.
+# 4. The import check, which compiles what it imports; each of those .pyc is shared through a store with
+#    every venv that installs the same file (``bytecode.py``). Anything else is compiled by the first
+#    process that imports it, once per venv.
 
 BUILD_PINS = PINS / "build.txt"
 
@@ -552,7 +558,9 @@ def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> N
 def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
     python = make_venv(step, path)
     install_pins(step, python, PINS / s.pins, torch=False)
-    checked(step, python, f"checking the install (importing {', '.join(s.imports)})", "import " + ", ".join(s.imports))
+    if s.imports:
+        checked(step, python, f"checking the install (importing {', '.join(s.imports)})",
+                "import " + ", ".join(s.imports))
     write_stamp(path, s.name, digest, wanted, freeze(step, python))
 
 
@@ -563,7 +571,7 @@ def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = No
     from; built side by side, each would download and compile the same files. ``parallel`` defaults to
     ``NNSIGHT_REPRO_BUILD_PARALLEL`` or 1: on two cores, side by side was slower (benchmarks/bench_setup.py:
     all six from an empty cache 276 s one at a time, 386 s two at a time after the first), since what
-    is left after uv's downloads is CPU-bound (byte-compiling, the import checks). Warm environments
+    is left after uv's downloads is CPU-bound (the import checks, which compile what they import). Warm environments
     cost a stamp read either way.
     """
     from concurrent.futures import ThreadPoolExecutor

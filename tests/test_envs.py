@@ -87,65 +87,105 @@ def share(action, site, store):
                           text=True, check=True).stdout.strip()
 
 
-def imported(site, statement, write=True):
+def imported(site, statement, write=True, flags=()):
     """``statement`` run with ``site`` on the path, as a build's check (``write``) or with bytecode writing off."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    flags = [] if write else ["-B"]
-    return subprocess.run([sys.executable, *flags, "-c", statement], capture_output=True, text=True, check=True,
-                          env={**env, "PYTHONPATH": str(site)}).stdout.split()
+    return subprocess.run([sys.executable, *flags, *([] if write else ["-B"]), "-c", statement], capture_output=True,
+                          text=True, check=True, env={**env, "PYTHONPATH": str(site)})
+
+
+def installed(site, name, text, cache):
+    """``site/name`` as uv installs it: a hard link to a file in its cache."""
+    cache.mkdir(exist_ok=True)
+    (cache / name).write_text(text)
+    site.mkdir(exist_ok=True)
+    os.link(cache / name, site / name)
+    return site / name
 
 
 def pyc(site, module):
     return site / "__pycache__" / f"{module}.{sys.implementation.cache_tag}.pyc"
 
 
-def test_a_pyc_a_check_compiled_in_one_venv_is_linked_into_the_next_and_reports_that_venvs_path(tmp_path):
-    # Two "site-packages" holding the same file as one inode, as uv installs it from its cache.
-    first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
-    first.mkdir(), second.mkdir()
-    (first / "shared_mod.py").write_text("def where():\n    return where.__code__.co_filename\n")
-    os.link(first / "shared_mod.py", second / "shared_mod.py")
+def test_a_pyc_a_check_compiled_in_one_venv_is_linked_into_the_next_and_loaded_there(tmp_path):
+    first, second, store, cache = tmp_path / "first", tmp_path / "second", tmp_path / "store", tmp_path / "cache"
+    source = installed(first, "shared_mod.py", "def where():\n    return where.__code__.co_filename\n", cache)
+    second.mkdir()
+    os.link(source, second / "shared_mod.py")
     assert share("link", first, store) == "0 .pyc linked from the store"
     imported(first, "import shared_mod")
     assert share("publish", first, store) == "1 .pyc published to the store"
     assert share("link", second, store) == "1 .pyc linked from the store"
     assert pyc(first, "shared_mod").stat().st_ino == pyc(second, "shared_mod").stat().st_ino
-    # Imported from the second copy with bytecode writing off: it runs the shared .pyc, and its code
+    # Imported from the second copy with bytecode writing off: Python takes the shared .pyc, and its code
     # names the second copy, not the file it was compiled from.
-    found = imported(second, "import shared_mod; print(shared_mod.where()); print(shared_mod.__cached__)",
-                     write=False)
-    assert found == [str(second / "shared_mod.py"), str(pyc(second, "shared_mod"))]
+    run = imported(second, "import shared_mod; print(shared_mod.where())", write=False, flags=["-v"])
+    assert f"{pyc(second, 'shared_mod')} matches {second / 'shared_mod.py'}" in run.stderr
+    assert run.stdout.split() == [str(second / "shared_mod.py")]
 
 
 def test_only_what_the_check_imports_is_compiled(tmp_path):
-    site, store = tmp_path / "site", tmp_path / "store"
-    site.mkdir()
-    (site / "used.py").write_text("import helper\n")
-    (site / "helper.py").write_text("X = 1\n")
-    (site / "unused.py").write_text("Y = 2\n")
+    site, store, cache = tmp_path / "site", tmp_path / "store", tmp_path / "cache"
+    installed(site, "used.py", "import helper\n", cache)
+    installed(site, "helper.py", "X = 1\n", cache)
+    installed(site, "unused.py", "Y = 2\n", cache)
     imported(site, "import used")
     assert share("publish", site, store) == "2 .pyc published to the store"
     assert pyc(site, "used").exists() and pyc(site, "helper").exists() and not pyc(site, "unused").exists()
 
 
-def test_a_pyc_for_a_file_that_changed_is_not_reused(tmp_path):
+def test_a_pyc_for_another_file_of_the_same_name_is_not_reused(tmp_path):
     first, second, store = tmp_path / "first", tmp_path / "second", tmp_path / "store"
-    first.mkdir(), second.mkdir()
-    (first / "m.py").write_text("A = 1\n")
-    (second / "m.py").write_text("A = 2\n")  # another inode: compiled for itself
+    installed(first, "m.py", "A = 1\n", tmp_path / "cache")
+    installed(second, "m.py", "A = 2\n", tmp_path / "cache2")  # another inode
     imported(first, "import m")
     share("publish", first, store)
     assert share("link", second, store) == "0 .pyc linked from the store"
-    assert imported(second, "import m; print(m.A)") == ["2"]
+    assert imported(second, "import m; print(m.A)").stdout.split() == ["2"]
 
 
 def test_a_pyc_that_does_not_match_its_source_is_not_published(tmp_path):
     site, store = tmp_path / "site", tmp_path / "store"
-    site.mkdir()
-    (site / "m.py").write_text("A = 1\n")
+    source = installed(site, "m.py", "A = 1\n", tmp_path / "cache")
     imported(site, "import m")
-    (site / "m.py").write_text("A = 22\n")  # edited in place after it was compiled: the .pyc is stale
+    # Edited in place, same size, a later second: the .pyc's header no longer matches.
+    source.write_text("A = 3\n")
+    os.utime(source, (source.stat().st_atime, source.stat().st_mtime + 10))
     assert share("publish", site, store) == "0 .pyc published to the store"
+
+
+def test_a_store_entry_that_is_not_a_pyc_of_its_source_is_not_linked(tmp_path):
+    site, store = tmp_path / "site", tmp_path / "store"
+    installed(site, "m.py", "A = 1\n", tmp_path / "cache")
+    imported(site, "import m")
+    share("publish", site, store)
+    (entry,) = store.iterdir()
+    entry.write_bytes(b"\0" * 16 + entry.read_bytes()[16:])  # another interpreter's, or damaged
+    pyc(site, "m").unlink()
+    assert share("link", site, store) == "0 .pyc linked from the store"
+
+
+def test_a_file_no_other_venv_can_link_is_not_published(tmp_path):
+    site, store = tmp_path / "site", tmp_path / "store"
+    site.mkdir()
+    (site / "own.py").write_text("A = 1\n")  # copied, or rewritten by git apply: one link
+    imported(site, "import own")
+    assert share("publish", site, store) == "0 .pyc published to the store"
+
+
+def test_a_builds_check_runs_between_link_and_publish_with_bytecode_writing_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    python = tmp_path / "venv" / "bin" / "python"
+    (tmp_path / "venv" / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    calls = []
+
+    def step(description, command, env=None):
+        calls.append((command[2], env))  # bytecode.py's action, or the check's code
+        return "out"
+
+    assert envs.checked(step, str(python), "checking", "import x") == "out"
+    assert [what for what, _ in calls] == ["link", "import x", "publish"]
+    assert calls[1][1] is not None and "PYTHONDONTWRITEBYTECODE" not in calls[1][1]
 
 
 @pytest.mark.parametrize("line", ["0.7", "0.8"])
