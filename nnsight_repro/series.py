@@ -192,7 +192,8 @@ def check_repo(name: str, repo: Path) -> str:
 
 def repo_from_tree(tree: Path, destination: Path) -> Path:
     """A one-commit git repository holding ``tree``'s files, for ``git am`` where no clone exists."""
-    shutil.copytree(tree, destination)
+    # Without the bytecode Python and pytest may have written into the tree: the base is its sources.
+    shutil.copytree(tree, destination, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for args in [("init", "--quiet"), ("add", "--all", "--force"),
                  ("-c", "user.name=base", "-c", "user.email=base@localhost", "commit", "--quiet", "-m", "base")]:
         result = _git(*args, cwd=destination)
