@@ -59,9 +59,11 @@ def bert():
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     # Every fixture is torn down and every report written by now. What is left is the interpreter's last
-    # full garbage collection over torch's, transformers' and nnsight's objects: about 2 of the 10 s an
-    # `import nnsight` process takes on this machine. Frozen objects are left out of it; the memory goes
-    # back to the system with the process either way.
+    # full garbage collection at exit: about 2 of the 10 s an `import nnsight` process takes on this
+    # machine, most of it walking torch's, transformers' and nnsight's live objects again. One collection
+    # here finalizes whatever the last teardown left (whichever pytest runs this); what survives it is
+    # frozen, so the exit's collection skips it. The memory goes back to the system with the process.
     import gc
 
+    gc.collect()
     gc.freeze()
