@@ -14,7 +14,7 @@ How, in one place:
 - **installed**: the flavour's pins file (``pins/ndif-server-multimolecule.txt``) is resolved together with
   the generation's own pins into a server environment of its own (``ndif-server+multimolecule``,
   ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports. A
-  flavour's :attr:`Flavour.series` is applied to the installed package there, before it is byte-compiled.
+  flavour's :attr:`Flavour.series` is applied to the installed package there, before its import check.
 - **imported**: every server process gets ``NNSIGHT_REPRO_NDIF_SERVER_IMPORTS`` (:func:`environ`), and the two
   kinds of process that build a model from a key call :func:`import_for_models` before they do: the
   controller (both generations size a model by building it on the meta device from its key: 0.1.2's
