@@ -19,6 +19,7 @@ and timed per environment from its own "built ... in N s" line.
 - ``--readme``: ``python3 -m nnsight_repro verify`` and then ``python3 -m nnsight_repro test`` (with
   ``CI=true``), from one empty cache, as a new user types them.
 
+It ends with the ratios the run allows (uv's ``main`` over pip's; two builds at a time over one).
 Not a test: two shared cores make every number move with load, so the load average is printed with each.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -38,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nnsight_repro import envs, paths, provenance  # noqa: E402
+from nnsight_repro import envs, paths, provenance, uvtool  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS, TOOL_ENVS  # noqa: E402
 
 SERVERS = ["ndif-server", "ndif-server-0.7"]
@@ -104,6 +106,17 @@ def pip_main(cache: Path) -> dict:
     return {"wall_s": round(sum(timed.values()), 1), "steps_s": timed, "load": [load_before, load()]}
 
 
+def ratios(results: dict) -> dict:
+    """The comparisons a run makes possible, each new / old (below 1: faster)."""
+    found = {}
+    serial, parallel, pip = (results.get(k) for k in ("serial", "parallel", "pip"))
+    if serial and pip and "main" in serial["builds_s"]:
+        found["main, uv / pip"] = round(serial["builds_s"]["main"] / pip["wall_s"], 2)
+    if serial and parallel:
+        found["all builds, parallel 2 / serial"] = round(parallel["wall_s"] / serial["wall_s"], 2)
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default=str(paths.cache_dir().parent / "nnsight-repro-bench"),
@@ -116,7 +129,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     base = Path(args.base)
-    record = {"provenance": provenance.record(" ".join(["python3", "benchmarks/bench_setup.py", *(argv or sys.argv[1:])])),
+    # What builds the environments; what they contain is the commit's pins.
+    builder = {"python": platform.python_version(), "uv": uvtool.VERSION}
+    record = {"provenance": provenance.record(" ".join(["python3", "benchmarks/bench_setup.py", *(argv or sys.argv[1:])]),
+                                              versions={"builder": builder}),
               "environments": [*TEST_ENVS, *TOOL_ENVS, *SERVERS], "results": {}}
     caches = []
     for what in [w for w in args.only.split(",") if w]:
@@ -153,6 +169,9 @@ def main(argv=None) -> int:
         print(f"README commands ({', '.join(commands)}) from an empty cache: {readme['total_s']} s", flush=True)
         if not args.keep:
             shutil.rmtree(cache, ignore_errors=True)
+    record["ratios"] = ratios(record["results"])
+    for name, value in record["ratios"].items():
+        print(f"{name}: {value}x", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
