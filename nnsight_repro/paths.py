@@ -19,6 +19,9 @@ SETTINGS = {
     "OFFLINE": "build environments from the uv cache alone, never touching the network",
     "UV": "a uv binary to use instead of the pinned release the first build installs",
     "PATCHES": "the patches folder (default <repo>/patches); a test points it at an emptied series",
+    "STACK_LANE": "tests/stack_lane.py: `ahead` (default) starts the session's live-stack jobs before the first test "
+                  "and runs the tests that read them last; `on-demand` starts each when a test first asks for it, "
+                  "in test order (benchmarks/bench_suite.py's baseline)",
     "ZOO_INJECT": "zoo tests: segfault=<unit>,hang=<unit> makes a worker die or hang at that unit",
     "NDIF_BUILT_LOG": "set by a stack for its server processes: where each model actor records what it built",
     "NDIF_SERVER_IMPORTS": "set by a flavoured stack (--with) for its server processes: the packages imported "

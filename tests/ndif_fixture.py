@@ -12,6 +12,13 @@ down at the end, killing only what it started. A stack a developer already start
 ``nnsight-repro ndif up`` is used as it is and left running, if it is healthy; an unhealthy leftover is
 stopped and replaced. When the stack cannot be brought up the fixture raises: remote tests then fail
 with the reason, they never skip.
+
+The four fixtures that bring a stack up and down again within themselves are jobs of the live-stack lane
+(``LANE_JOBS``, ``tests/stack_lane.py``): a process of their own, started before the first test with every
+job the collected tests ask for, runs them one after another while the other tests run, and each fixture
+waits for its job's record. The modules that read them run after the rest (``pytest_collection_modifyitems``),
+so the offline tests have the lane's cold starts to overlap. ``NNSIGHT_REPRO_STACK_LANE=on-demand`` runs each
+job when a test first asks for it instead, in test order, as the suite ran before the lane.
 """
 
 import contextlib
@@ -125,13 +132,13 @@ def probe_script(cfg, out) -> dict:
 
 
 @pytest.fixture(scope="session")
-def ndif07_stock(tmp_path_factory):
-    return _everything_against_07("stock", tmp_path_factory.mktemp("ndif07-stock"))
+def ndif07_stock(live_stack_lane):
+    return live_stack_lane.result("ndif07_stock")
 
 
 @pytest.fixture(scope="session")
-def ndif07_patched(tmp_path_factory):
-    return _everything_against_07("patched", tmp_path_factory.mktemp("ndif07-patched"))
+def ndif07_patched(live_stack_lane):
+    return live_stack_lane.result("ndif07_patched")
 
 
 #: What CI traces on each line's multimolecule flavour: an RNA model (multimolecule) and AntiBERTy (real
@@ -147,16 +154,61 @@ def _multimolecule_batch(line: str, scratch) -> dict:
     return."""
     from nnsight_repro.ndif import panel
 
-    result = panel.run_batch(line, CI_PANEL, 1, while_up=lambda cfg: probe_script(cfg, scratch / "probes"))
-    result["by"] = {(r["model"], r["client"], r["trace"]): r for r in result["rows"]}
-    return result
+    return panel.run_batch(line, CI_PANEL, 1, while_up=lambda cfg: probe_script(cfg, scratch / "probes"))
+
+
+def _by_row(batch: dict) -> dict:
+    """The batch with ``by``: its rows by (model, client, trace)."""
+    return {**batch, "by": {(r["model"], r["client"], r["trace"]): r for r in batch["rows"]}}
 
 
 @pytest.fixture(scope="session")
-def ndif08_multimolecule(tmp_path_factory):
-    return _multimolecule_batch("0.8", tmp_path_factory.mktemp("ndif08-multimolecule"))
+def ndif08_multimolecule(live_stack_lane):
+    return _by_row(live_stack_lane.result("ndif08_multimolecule"))
 
 
 @pytest.fixture(scope="session")
-def ndif07_multimolecule(tmp_path_factory):
-    return _multimolecule_batch("0.7", tmp_path_factory.mktemp("ndif07-multimolecule"))
+def ndif07_multimolecule(live_stack_lane):
+    return _by_row(live_stack_lane.result("ndif07_multimolecule"))
+
+
+#: The jobs of the live-stack lane: each brings a cold stack up, does everything the session asks of it, and
+#: brings it down before it returns (a JSON record). ``scratch``: a folder of the job's own.
+LANE_JOBS = {
+    "ndif07_stock": lambda scratch: _everything_against_07("stock", scratch),
+    "ndif07_patched": lambda scratch: _everything_against_07("patched", scratch),
+    "ndif08_multimolecule": lambda scratch: _multimolecule_batch("0.8", scratch),
+    "ndif07_multimolecule": lambda scratch: _multimolecule_batch("0.7", scratch),
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    import stack_lane
+
+    try:
+        ahead = stack_lane.mode() == "ahead"
+    except stack_lane.LaneError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if ahead:
+        items[:] = stack_lane.readers_last(items, LANE_JOBS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def live_stack_lane(request, tmp_path_factory):
+    """The session's :class:`stack_lane.Lane`, started before the first test with the jobs the collected tests
+    ask for; at the end, whatever it still runs is interrupted and its stack brought down."""
+    import stack_lane
+
+    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"))
+    jobs = stack_lane.needed(request.session.items, LANE_JOBS) if stack_lane.mode() == "ahead" else []
+    if jobs:
+        plugins = request.config.pluginmanager
+        reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():  # else the line lands in the first test's capture
+                reporter.write_line(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")
+        lane.start(jobs)
+    try:
+        yield lane
+    finally:
+        lane.stop()
