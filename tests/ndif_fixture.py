@@ -180,9 +180,24 @@ LANE_JOBS = {
     "ndif08_multimolecule": lambda scratch: _multimolecule_batch("0.8", scratch),
     "ndif07_multimolecule": lambda scratch: _multimolecule_batch("0.7", scratch),
 }
+#: The stack folder each job brings up (``config.default``'s arguments, as the job's own code passes them), so
+#: the session can bring down one a killed lane left up.
+LANE_STACKS = {
+    "ndif07_stock": {"line": "0.7"},
+    "ndif07_patched": {"line": "0.7"},
+    "ndif08_multimolecule": {"line": "0.8", "extras": ("multimolecule",)},
+    "ndif07_multimolecule": {"line": "0.7", "extras": ("multimolecule",)},
+}
+
+
+def _bring_down(job: str) -> None:
+    from nnsight_repro.ndif import config, stack
+
+    stack.down(config.default(**LANE_STACKS[job]))
 
 
 def pytest_collection_modifyitems(session, config, items):
+    """Tests that read a lane job run last (unless the lane runs on demand); a mode it lacks stops the run."""
     import stack_lane
 
     try:
@@ -199,14 +214,19 @@ def live_stack_lane(request, tmp_path_factory):
     ask for; at the end, whatever it still runs is interrupted and its stack brought down."""
     import stack_lane
 
-    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"))
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+
+    def say(line):
+        if reporter is None or capture is None:
+            return print(line, file=sys.stderr, flush=True)
+        with capture.global_and_fixture_disabled():  # else the line lands in the running test's capture
+            reporter.write_line(line)
+
+    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_JOBS", _bring_down, say)
     jobs = stack_lane.needed(request.session.items, LANE_JOBS) if stack_lane.mode() == "ahead" else []
     if jobs:
-        plugins = request.config.pluginmanager
-        reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-        if reporter is not None and capture is not None:
-            with capture.global_and_fixture_disabled():  # else the line lands in the first test's capture
-                reporter.write_line(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")
+        say(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")
         lane.start(jobs)
     try:
         yield lane

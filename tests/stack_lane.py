@@ -12,44 +12,50 @@ nothing the tests change afterwards.
 
 Owns: which jobs a session needs and in what order (:func:`needed`), running the tests that read them last
 (:func:`readers_last`), starting the lane with them, handing each job's record to its fixture
-(:meth:`Lane.result`, which starts a job the session did not foresee on first request), and stopping the lane
-so that every stack it started comes down (:meth:`Lane.stop`). Each job is bounded by its stack's own
-timeouts and its clients'; the lane adds no timeout of its own.
+(:meth:`Lane.result`; a job the session did not foresee starts on first request, once no other lane runs,
+since two jobs may use one stack folder), and stopping the lane so that every stack it started comes down
+(:meth:`Lane.stop`). Each job is bounded by its stack's own timeouts and its clients'; the lane adds no
+timeout of its own.
 
 Does not own: what a job does (``tests/ndif_fixture.py``), how a stack runs (:mod:`nnsight_repro.ndif.stack`),
 or the channel a record travels on (:mod:`nnsight_repro.channel`).
 
-Run as a script it is the lane itself: ``python stack_lane.py SCRATCH MODULE:TABLE JOB...`` runs the jobs
-of that table (``ndif_fixture:LANE_JOBS``; the lane's own tests give it fakes) one after another (never two
-stacks of one folder at once) and sends ``{"job", "result"}`` or ``{"job", "error"}`` for each; a job that
-fails does not stop the ones after it. SIGTERM ends it through every ``finally``, so the stack it is running
-comes down.
+Run as a script it is the lane itself: ``python stack_lane.py PARENT SCRATCH MODULE:TABLE JOB...`` runs the
+jobs of that table (``ndif_fixture:LANE_JOBS``; the lane's own tests give it fakes) one after another and
+sends ``{"job", "started"}`` before each and ``{"job", "result"}`` or ``{"job", "error"}`` after it; a job
+that fails does not stop the ones after it. SIGTERM, or the death of the process ``PARENT`` (a session
+killed outright), ends it through every ``finally``, so the stack it is running comes down; a second SIGTERM
+cannot cut that short. What a lane that was killed could not bring down, :meth:`Lane.stop` does: it knows
+which job had started and sent nothing, and the session says how to bring that job's stack down.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
+#: What ``NNSIGHT_REPRO_STACK_LANE`` may say: start the jobs ahead (the default), or each when first asked for.
+MODES = ("ahead", "on-demand")
 #: Seconds :meth:`Lane.stop` waits for a lane it interrupted to bring its stack down before killing it.
 STOP_GRACE_S = 300
+#: Linux's prctl option that sends this process a signal when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 class LaneError(Exception):
-    """A job of the lane failed; the message names the job and carries its traceback."""
-
-
-#: What ``NNSIGHT_REPRO_STACK_LANE`` may say: start the jobs ahead (the default), or each when first asked for.
-MODES = ("ahead", "on-demand")
+    """The lane cannot hand a fixture its job's record: the job failed, or the lane was asked for a mode it
+    does not have. The message names which, and the fix or the job's traceback."""
 
 
 def mode() -> str:
@@ -63,13 +69,19 @@ def mode() -> str:
     return chosen
 
 
+def asks_for(item, jobs: Iterable[str]) -> List[str]:
+    """The ``jobs`` a collected test asks for: as fixtures, or as a parameter naming one (a test that fetches
+    it with ``request.getfixturevalue``)."""
+    callspec = getattr(item, "callspec", None)
+    named = [*getattr(item, "fixturenames", ()), *(callspec.params.values() if callspec else ())]
+    return [name for name in named if isinstance(name, str) and name in set(jobs)]
+
+
 def needed(items, jobs: Iterable[str]) -> List[str]:
-    """The ``jobs`` the collected ``items`` ask for as fixtures, in the order the run first reaches them."""
-    known, order = set(jobs), []
+    """The ``jobs`` the collected ``items`` ask for, in the order the run first reaches them."""
+    order: List[str] = []
     for item in items:
-        for name in getattr(item, "fixturenames", ()):
-            if name in known and name not in order:
-                order.append(name)
+        order += [name for name in asks_for(item, jobs) if name not in order]
     return order
 
 
@@ -77,18 +89,28 @@ def readers_last(items, jobs: Iterable[str]) -> list:
     """``items`` with every module that reads one of ``jobs`` moved after the others, so the tests that need no
     live stack run while the lane's stacks come up. Modules keep their order and move whole: splitting one
     would set its module fixtures up twice."""
-    late = {item.path for item in items if needed([item], jobs)}
+    late = {item.path for item in items if asks_for(item, jobs)}
     return [i for i in items if i.path not in late] + [i for i in items if i.path in late]
 
 
 class Lane:
-    """The lane processes of one session (one at the start; one more per job asked for unforeseen)."""
+    """The lane processes of one session: one at the start, and one more per job asked for unforeseen.
 
-    def __init__(self, scratch: Path, table: str = "ndif_fixture:LANE_JOBS"):
-        self.scratch, self.table = Path(scratch), table
+    ``table``: the jobs, as ``module:name`` importable beside this file. ``bring_down(job)``: brings down the
+    stack of a job that started and sent nothing before its lane ended. An interrupted lane brings its stack
+    down itself, but the SIGTERM may have landed in that job's own ``down`` and cut it short, and a killed lane
+    brings nothing down; ``down`` is idempotent, so the session does it again. ``say``: where :meth:`stop`
+    reports.
+    """
+
+    def __init__(self, scratch: Path, table: str, bring_down: Optional[Callable[[str], object]] = None,
+                 say: Callable[[str], None] = print):
+        self.scratch, self.table, self.bring_down, self.say = Path(scratch), table, bring_down, say
         self.log = self.scratch / "lane.log"
-        self.streams: Dict[str, object] = {}  # job -> the stream of the process running it
-        self.records: Dict[str, dict] = {}
+        self.streams: Dict[str, object] = {}  # job -> the stream of the lane process running it
+        self.records: Dict[str, dict] = {}  # job -> its result or error record
+        self.started: set = set()
+        self.died: Dict[object, Exception] = {}  # stream -> the ChannelError it ended with
 
     def start(self, jobs: List[str]) -> None:
         from nnsight_repro import channel
@@ -96,8 +118,9 @@ class Lane:
         if not jobs:
             return
         env = dict(os.environ)
+        # The suite's interpreter need not be a project environment (which puts the project on the path).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        argv = [sys.executable, str(Path(__file__)), str(self.scratch), self.table, *jobs]
+        argv = [sys.executable, str(Path(__file__)), str(os.getpid()), str(self.scratch), self.table, *jobs]
         stream = channel.start(argv, env=env, cwd=ROOT, stderr=self.log, new_session=True,
                                what=f"the live-stack lane ({', '.join(jobs)}; its log: {self.log})")
         self.streams.update({job: stream for job in jobs})
@@ -105,46 +128,100 @@ class Lane:
     def result(self, job: str):
         """The record ``job`` returned, waiting for it; :class:`LaneError` with its traceback if it failed."""
         if job not in self.streams:
+            self._finish_running()
             self.start([job])
         stream = self.streams[job]
         while job not in self.records:
-            record = stream.next()
-            if record is None:
+            if not self._read(stream):
+                if stream in self.died:
+                    raise self.died[stream]
                 raise LaneError(f"The live-stack lane exited without a record for {job} (its log: {self.log}).")
-            self.records[record["job"]] = record
         record = self.records[job]
         if "error" in record:
             raise LaneError(f"The live-stack job {job} failed (its log: {self.log}):\n{record['error']}")
         return record["result"]
 
     def stop(self) -> None:
-        """Interrupt what still runs (a session that ended early) and wait for its stack to come down."""
-        import subprocess
-
-        for stream in set(self.streams.values()):
-            if stream.poll() is None:
+        """Interrupt whatever lane still runs (a session that ended early), wait for it to bring its stack
+        down, and bring down what it could not."""
+        lanes = list(dict.fromkeys(self.streams.values()))
+        running = [stream for stream in lanes if stream.poll() is None]
+        try:
+            if running:
+                self.say(f"[ndif] interrupting the live-stack lane; it brings its stack down (log: {self.log})")
+            for stream in running:
                 os.kill(stream.pid, signal.SIGTERM)
+            for stream in running:
                 try:
                     stream.process.wait(STOP_GRACE_S)
                 except subprocess.TimeoutExpired:
+                    stream.kill()  # what it left up is brought down below
+        finally:
+            for stream in lanes:
+                while self._read(stream):
                     pass
-            stream.close()
+                stream.close()
+            for job in sorted(self.started - set(self.records)):
+                if self.bring_down is not None:
+                    self.say(f"[ndif] the lane ended during {job}: making sure its stack is down")
+                    self.bring_down(job)
+
+    def _read(self, stream) -> bool:
+        """Take the stream's next record; False once it has none left (it exited, or died: kept in ``died``)."""
+        from nnsight_repro import channel
+
+        if stream in self.died:
+            return False
+        try:
+            record = stream.next()
+        except channel.ChannelError as exc:
+            self.died[stream] = exc
+            return False
+        if record is None:
+            return False
+        if record.get("started"):
+            self.started.add(record["job"])
+        else:
+            self.records[record["job"]] = record
+        return True
+
+    def _finish_running(self) -> None:
+        # Two lanes at once could run two jobs of one stack folder: a new one waits for the last to end.
+        for stream in dict.fromkeys(self.streams.values()):
+            while stream.poll() is None and self._read(stream):
+                pass
+
+
+def _end_with_the_parent(parent: int) -> None:
+    """SIGTERM this process when ``parent`` (the session) dies, so a session killed outright leaves no lane
+    starting stacks nobody reads."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _interrupted(signum, frame):
+    # Once: the unwinding is bringing a stack down, and a second SIGTERM must not cut that short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 def main(argv: List[str]) -> int:
-    scratch, (module, _, name), jobs = Path(argv[0]), argv[1].partition(":"), argv[2:]
+    parent, scratch, (module, _, name), jobs = int(argv[0]), Path(argv[1]), argv[2].partition(":"), argv[3:]
     # What the jobs print (a stack's progress, one line per phase) goes to the lane's log with its errors.
     os.dup2(2, 1)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, _interrupted)
+    _end_with_the_parent(parent)
     from nnsight_repro import channel
 
     table = getattr(importlib.import_module(module), name)  # a module beside this file: first on the path
-
     for job in jobs:
         print(f"[lane] {job}: starting", flush=True)
         started = time.monotonic()
         folder = scratch / job
         folder.mkdir(parents=True, exist_ok=True)
+        channel.send({"job": job, "started": True})
         try:
             channel.send({"job": job, "result": table[job](folder)})
             outcome = "done"

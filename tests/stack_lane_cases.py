@@ -1,7 +1,7 @@
-"""Fake jobs for tests/test_stack_lane.py: ``python tests/stack_lane.py SCRATCH stack_lane_cases:JOBS JOB...``.
+"""Fake jobs for tests/test_stack_lane.py: ``python tests/stack_lane.py PARENT SCRATCH stack_lane_cases:JOBS JOB...``.
 
 Each does in a moment what a live-stack job may do in minutes: return a record, fail, read the
-environment, run until it is interrupted, or die.
+environment, run until it is interrupted (its ``finally`` standing for bringing a stack down), or die.
 """
 
 import os
@@ -14,12 +14,18 @@ def _fails(folder):
 
 
 def _runs_until_interrupted(folder):
-    (folder / "started").touch()
     try:
+        (folder / "started").touch()
         time.sleep(120)
     finally:
-        # Where a real job brings its stack down.
+        (folder / "coming down").touch()
+        time.sleep(1)  # a `down` takes a while: long enough for a second SIGTERM to arrive
         (folder / "came down").touch()
+
+
+def _takes_a_moment(folder):
+    time.sleep(1)
+    (folder / "ended").write_text(repr(time.time()))
 
 
 def _dies(folder):
@@ -32,5 +38,7 @@ JOBS = {
     "fails": _fails,
     "reads the cache setting": lambda folder: os.environ.get("NNSIGHT_REPRO_CACHE"),
     "runs until interrupted": _runs_until_interrupted,
+    "takes a moment": _takes_a_moment,
+    "clock": lambda folder: time.time(),
     "dies": _dies,
 }

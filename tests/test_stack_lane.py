@@ -1,7 +1,9 @@
 """The live-stack lane (tests/stack_lane.py), with fake jobs (tests/stack_lane_cases.py): each record reaches
-its fixture, a failing job is named and stops nothing, an interrupted job still comes down, and the modules
-that read the lane run after the rest."""
+its fixture, a failing job is named and stops nothing, an interrupted or orphaned lane still brings its job
+down, what a killed lane left up is brought down by the session, and the tests that read the lane run last."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,12 +15,27 @@ import pytest
 import stack_lane
 from nnsight_repro import ROOT, channel
 
+CASES = "stack_lane_cases:JOBS"
+SLOW = "runs until interrupted"
+
 
 @pytest.fixture
-def lane(tmp_path):
-    running = stack_lane.Lane(tmp_path, table="stack_lane_cases:JOBS")
+def brought_down():
+    return []
+
+
+@pytest.fixture
+def lane(tmp_path, brought_down):
+    running = stack_lane.Lane(tmp_path, CASES, bring_down=brought_down.append, say=lambda line: None)
     yield running
     running.stop()
+
+
+def wait_for(path: Path, log: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared; the lane's log:\n{log.read_text()}"
+        time.sleep(0.05)
 
 
 def test_each_job_s_record_reaches_its_fixture_whichever_is_asked_for_first(lane):
@@ -43,6 +60,12 @@ def test_a_job_the_session_did_not_foresee_starts_when_first_asked_for(lane):
     assert lane.result("second") == [2]
 
 
+def test_a_job_the_session_did_not_foresee_waits_for_the_running_lane_to_end(lane):
+    lane.start(["takes a moment"])
+    started = lane.result("clock")
+    assert started >= float((lane.scratch / "takes a moment" / "ended").read_text())
+
+
 def test_jobs_see_the_environment_the_lane_started_with_not_what_a_test_sets_later(lane, monkeypatch, tmp_path):
     monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path / "the session's"))
     lane.start(["first", "reads the cache setting"])
@@ -50,18 +73,47 @@ def test_jobs_see_the_environment_the_lane_started_with_not_what_a_test_sets_lat
     assert lane.result("reads the cache setting") == str(tmp_path / "the session's")
 
 
-def test_stop_interrupts_a_running_job_through_its_finally_and_waits_for_it(lane):
-    lane.start(["runs until interrupted"])
-    started = lane.scratch / "runs until interrupted" / "started"
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        assert time.monotonic() < deadline, lane.log.read_text()
-        time.sleep(0.05)
-    stopped_at = time.monotonic()
+def test_stop_interrupts_a_running_job_through_its_finally_and_the_session_makes_sure(lane, brought_down):
+    lane.start([SLOW, "first"])
+    wait_for(lane.scratch / SLOW / "started", lane.log)
     lane.stop()
-    assert (started.parent / "came down").exists()
-    assert time.monotonic() - stopped_at < 30
-    assert all(stream.poll() is not None for stream in lane.streams.values())
+    assert (lane.scratch / SLOW / "came down").exists()
+    assert brought_down == [SLOW]  # and not "first", which never started
+
+
+def test_a_second_sigterm_does_not_cut_the_bringing_down_short(lane):
+    lane.start([SLOW])
+    (stream,) = set(lane.streams.values())
+    wait_for(lane.scratch / SLOW / "started", lane.log)
+    os.kill(stream.pid, signal.SIGTERM)
+    wait_for(lane.scratch / SLOW / "coming down", lane.log)
+    os.kill(stream.pid, signal.SIGTERM)
+    stream.process.wait(60)
+    assert (lane.scratch / SLOW / "came down").exists()
+
+
+def test_a_lane_killed_mid_job_has_that_job_brought_down_by_the_session(lane, brought_down):
+    lane.start([SLOW, "first"])
+    (stream,) = set(lane.streams.values())
+    wait_for(lane.scratch / SLOW / "started", lane.log)
+    os.killpg(stream.pid, signal.SIGKILL)
+    lane.stop()
+    assert brought_down == [SLOW]  # and not "first", which never started
+
+
+def test_a_lane_whose_session_is_killed_outright_brings_its_job_down(tmp_path):
+    session = subprocess.Popen(
+        [sys.executable, "-c", "import stack_lane, time\n"
+         f"stack_lane.Lane({str(tmp_path)!r}, {CASES!r}).start([{SLOW!r}])\n"
+         "time.sleep(300)\n"],
+        cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(tmp_path / SLOW / "started", tmp_path / "lane.log")
+        session.kill()
+        wait_for(tmp_path / SLOW / "came down", tmp_path / "lane.log", seconds=30)
+    finally:
+        session.kill()
+        session.wait()
 
 
 def test_a_lane_that_dies_is_a_channel_error_naming_the_lane_and_its_log(lane):
@@ -73,10 +125,11 @@ def test_a_lane_that_dies_is_a_channel_error_naming_the_lane_and_its_log(lane):
     assert "was killed by SIGKILL" in message, message
 
 
-def test_jobs_are_needed_in_the_order_the_run_first_reaches_them():
+def test_jobs_are_needed_in_the_order_the_run_first_reaches_them_by_fixture_or_parameter():
     items = [SimpleNamespace(fixturenames=names) for names in
              (["tmp_path"], ["b", "tmp_path"], ["a", "b"], ["c"])]
-    assert stack_lane.needed(items, ["a", "b"]) == ["b", "a"]
+    items.insert(1, SimpleNamespace(fixturenames=["request"], callspec=SimpleNamespace(params={"flavour": "c"})))
+    assert stack_lane.needed(items, ["a", "b", "c"]) == ["c", "b", "a"]
 
 
 def test_modules_that_read_the_lane_run_after_the_others_each_whole():
@@ -87,6 +140,11 @@ def test_modules_that_read_the_lane_run_after_the_others_each_whole():
     assert [(str(i.path), i.fixturenames) for i in stack_lane.readers_last(items, ["a job"])] == [
         ("a.py", []), ("b.py", []), ("remote.py", []), ("remote.py", ["a job"]), ("remote.py", [])]
 
+
+def test_every_lane_job_names_the_stack_the_session_brings_down_for_it():
+    import ndif_fixture
+
+    assert set(ndif_fixture.LANE_STACKS) == set(ndif_fixture.LANE_JOBS)
 
 
 def test_a_mode_the_lane_does_not_have_stops_the_session_before_any_test_naming_the_variable(monkeypatch):
