@@ -12,6 +12,7 @@ these tests fail; none of them skips.
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -260,11 +261,13 @@ def test_the_dashboard_adaptation_reaches_ray_250s_own_start_api_server_and_its_
     assert found == {"ray": "2.50.0", "wrapped": True, "polls": True}, found
 
 
-def test_status_and_down_of_a_07_stack_that_is_not_running_say_so():
+def test_status_and_down_of_a_07_stack_that_is_not_running_say_so(tmp_path):
+    # A cache of its own: the session's 0.7 stacks may be up in the lane meanwhile (tests/stack_lane.py).
     result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "status", "--line", "0.7"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "NNSIGHT_REPRO_CACHE": str(tmp_path)})
     assert result.returncode == 1 and "not running" in result.stdout, result.stdout
-    report = stack.down(config.default(line="0.7"), say=lambda m: None)
+    report = stack.down(config.default(folder=tmp_path / "ndif-0.7", line="0.7"), say=lambda m: None)
     assert report["deleted_netns"] is False
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from .. import envs, series
+from .. import envs, fsutil, series
 from . import server_packages
 
 
@@ -202,14 +202,20 @@ def redis_server() -> str:
     if os.geteuid() != 0:
         raise envs.EnvError("redis-server is not installed, and installing it needs root: "
                             "`apt-get update && apt-get install -y --no-install-recommends redis-server`.")
-    log("installing redis-server from Debian's packages")
-    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"],
-                    ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]):
-        result = subprocess.run(command, capture_output=True, text=True, env=apt_env)
-        if result.returncode:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
-            raise envs.EnvError(f"`{' '.join(command)}` failed:\n{tail}")
+    # Two stacks may start at once (the test session's lane beside its own tests): one installs, the other
+    # waits for it instead of failing on dpkg's lock.
+    with fsutil.locked(envs.cache_dir() / ".redis-server-install.lock"):
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        log("installing redis-server from Debian's packages")
+        apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for command in (["apt-get", "update"],
+                        ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]):
+            result = subprocess.run(command, capture_output=True, text=True, env=apt_env)
+            if result.returncode:
+                tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-8:])
+                raise envs.EnvError(f"`{' '.join(command)}` failed:\n{tail}")
     found = shutil.which("redis-server")
     if not found:
         raise envs.EnvError("apt-get installed redis-server, but it is not on PATH.")
