@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from nnsight_repro.ndif.feasibility import runner
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
 PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
@@ -241,6 +243,24 @@ def test_a_failing_probe_does_not_stop_the_ones_after_it(failing_run):
     assert probes["control"]["matched"]
 
 
+class StandInHost(runner.Host):
+    """A host whose client is ``tests/silent_probe_client.py``."""
+
+    def command(self, env, argv):
+        return [sys.executable, str(ROOT / "tests" / "silent_probe_client.py")]
+
+
+def test_a_client_silent_past_the_limit_costs_only_the_probe_it_was_on(monkeypatch):
+    monkeypatch.setattr(runner, "NO_ANSWER_S", 3.0)
+    probes = [{"id": "first"}, {"id": "hangs"}, {"id": "after"}, {"id": "hangs-again"}, {"id": "last"}]
+    observed, context = runner.run_line("patched", probes, StandInHost("http://stand-in", None), say=lambda m: None)
+    assert {p: o["status"] for p, o in observed.items()} == {
+        "first": "ok", "hangs": "error", "after": "ok", "hangs-again": "error", "last": "ok"}
+    assert observed["hangs"]["error"] == "NoAnswer"
+    assert "sent nothing for 3 s (last server status: RUNNING)" in observed["hangs"]["message"]
+    assert context["client"] == {"line": "stand-in"}
+
+
 # Bad input, refused before any request ---------------------------------------------------------------
 
 def test_unreachable_host_is_recorded_for_every_probe(tmp_path):
@@ -318,7 +338,9 @@ PAIRINGS_07 = [("main", "ndif07_stock"), ("patched-client-only", "ndif07_stock")
 @pytest.mark.parametrize("client_line, flavour", PAIRINGS_07)
 def test_07_client_line_observations_match_their_declarations(client_line, flavour, request):
     probes = request.getfixturevalue(flavour)["probes"]
-    (record,) = probes["records"][client_line]
+    written = probes["records"][client_line]
+    assert len(written) == 1, (probes["returncode"], probes["stdout"][-3000:] + probes["stderr"][-3000:])
+    (record,) = written
     mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
     assert not mismatched
     assert probes["returncode"] == 0, probes["stdout"][-3000:] + probes["stderr"][-3000:]

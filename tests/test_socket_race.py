@@ -1,10 +1,12 @@
 """The client-side socket race a live remote trace is retried for (``nnsight_repro.ndif.socket_race``).
 
 The first tests show the race itself, offline, in the python-socketio client nnsight uses: its
-engine.io layer hands each websocket message to a thread of its own, so the messages of two binary
-events can be handled in an order other than arrival's. When python-socketio stops delivering a
-header as data, they fail, and the retry can go. The rest pin down what is retried: exactly nnsight's
-``ResponseModel.unpickle`` given text, nothing else, and every retry recorded.
+engine.io layer hands each websocket message to a thread of its own, so the messages of binary
+events can be handled in an order other than arrival's: a header is delivered as data, or a header
+is stranded waiting for an attachment already dropped. When python-socketio stops doing either, they
+fail, and the retry can go. The rest pin down what is retried: exactly nnsight's
+``ResponseModel.unpickle`` given text, a header stranded in a waiting client, nothing else, and every
+retry recorded.
 
 The race is the 0.7 line's alone: nnsight 0.8.1's client reads its statuses from one plain websocket
 in one thread, and its environment has no python-socketio. So this file runs in a 0.7 environment
@@ -12,6 +14,7 @@ in one thread, and its environment has no python-socketio. So this file runs in 
 """
 
 import io
+import time
 
 import pytest
 
@@ -63,6 +66,23 @@ def test_socketio_client_delivers_the_next_header_as_data_when_an_attachment_is_
     assert handled_in_order([h1, h2, a1, a2]) == [(h2,)]
 
 
+def test_socketio_client_strands_a_header_whose_attachment_is_handled_first():
+    import socketio
+
+    (h1, a1), (h2, a2) = binary_event(b"one"), binary_event(b"two")
+    client = socketio.Client()
+    delivered = []
+    client.on("*", lambda event, *args: delivered.append(args))
+    for message in [h1, a1, a2, h2]:
+        try:
+            client._handle_eio_message(message)
+        except ValueError:
+            pass
+    # The last status never arrives, and its header waits in the slot for good.
+    assert delivered == [(b"one",)]
+    assert client._binary_packet is not None
+
+
 def test_the_race_makes_nnsight_unpickle_raise_the_error_seen_live():
     assert str(race_error()) == "a bytes-like object is required, not 'str'"
 
@@ -83,6 +103,76 @@ def test_another_exception_from_unpickle_is_not_the_race():
     with pytest.raises(Exception) as raised:
         ResponseModel.unpickle(b"not a pickle")
     assert not socket_race.is_socket_race(raised.value)
+
+
+def waiting_client(stranded: bool):
+    """A connected ``socketio.SimpleClient`` with nothing to deliver, its slot holding a header or not."""
+    import socketio
+
+    simple = socketio.SimpleClient()
+    simple.client = socketio.Client()
+    simple.connected = True
+    simple.connected_event.set()
+    if stranded:
+        simple.client._handle_eio_message(binary_event(b"completed")[0])
+    return simple
+
+
+@pytest.fixture
+def quick_looks(monkeypatch):
+    monkeypatch.setattr(socket_race, "LOOK_EVERY_S", 0.01)
+
+
+def test_a_wait_on_a_stranded_header_raises(quick_looks):
+    simple = waiting_client(stranded=True)
+    with socket_race.stranded_statuses_raise(after_s=0.05):
+        with pytest.raises(socket_race.StrandedStatus, match="waited .* for its attachment"):
+            simple.receive()
+
+
+def test_a_wait_with_no_header_stranded_keeps_the_caller_s_timeout(quick_looks):
+    import socketio
+
+    simple = waiting_client(stranded=False)
+    with socket_race.stranded_statuses_raise(after_s=0.05):
+        started = time.monotonic()
+        with pytest.raises(socketio.exceptions.TimeoutError):
+            simple.receive(timeout=0.3)
+    assert time.monotonic() - started >= 0.3
+
+
+def test_a_header_waits_less_than_the_limit_without_raising(quick_looks):
+    import socketio
+
+    simple = waiting_client(stranded=True)
+    with socket_race.stranded_statuses_raise(after_s=30):
+        with pytest.raises(socketio.exceptions.TimeoutError):
+            simple.receive(timeout=0.2)
+
+
+def test_receive_is_nnsight_s_own_again_after_the_call():
+    import socketio
+
+    before = socketio.SimpleClient.receive
+    socket_race.call(lambda: socketio.SimpleClient.receive, [])
+    assert socketio.SimpleClient.receive is before
+
+
+def test_a_call_stranded_on_its_last_status_is_sent_again_and_the_retry_recorded(quick_looks, monkeypatch):
+    monkeypatch.setattr(socket_race, "STRANDED_AFTER_S", 0.05)
+    calls = []
+
+    def remote_call():
+        calls.append(1)
+        if len(calls) == 1:
+            waiting_client(stranded=True).receive()
+        return "result"
+
+    retries = []
+    assert socket_race.call(remote_call, retries) == "result"
+    assert len(calls) == 2
+    assert retries[0]["error"].endswith("StrandedStatus")
+    assert "stranded header" in retries[0]["retried_because"]
 
 
 class Flaky:

@@ -55,6 +55,12 @@ DEFAULT_PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
 CLIENT_MODULE = "nnsight_repro.ndif.feasibility.client"
 
+#: How long a probe client may send nothing before it is killed and its probe recorded as ``NoAnswer``.
+#: The longest silence a working client keeps is importing torch and building a model before its first
+#: probe, or a server provisioning a model on request: tens of seconds on a loaded machine. nnsight's
+#: own wait for a job has no end.
+NO_ANSWER_S = 600.0
+
 # Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input.
 EXIT_MISMATCH, EXIT_BAD_INPUT = 1, 2
 
@@ -148,50 +154,71 @@ def serving_order(chosen: List[str]) -> List[str]:
 # Running ---------------------------------------------------------------------------------------------
 
 def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
-    """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs."""
+    """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs.
+
+    A client that sends nothing for :data:`NO_ANSWER_S` is killed: the probe it was on is recorded as
+    ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe.
+    """
     env = envs.ensure(CLIENT_LINES[client_line].env)
-    # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
-    client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT, input=json.dumps(probes),
-                           what=f"the {client_line} probe client in the {env.name!r} environment")
     observed: Dict[str, dict] = {}
     context: dict = {}
     trail: Dict[str, List[str]] = {}
-    died = None
-    while True:
-        try:
-            event = client.next()
-        except channel.ChannelError as exc:
-            died = exc
-            break
-        if event is None:
-            break
-        probe_id = event.get("probe")
-        if event.get("event") == "start":
-            trail[probe_id] = []
-            say(f"{probe_id}: started")
-        elif event.get("event") == "status":
-            trail.setdefault(probe_id, []).append(event["status"])
-            say(f"{probe_id}: {event['status']}")
-        elif event.get("event") == "done":
-            result = event["observed"]
-            result["statuses"] = trail.get(probe_id, [])
-            observed[probe_id] = result
-            say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
-        elif event.get("event") == "context":
-            context = {"client": event["client"], "server_env": event["server_env"]}
-    returncode = client.process.wait()
-    stderr_tail = client.stderr_tail(15)
-    client.close()
-    for probe in probes:
-        if probe["id"] not in observed:
-            # The client died before reaching this probe: that is its observation.
-            observed[probe["id"]] = {"status": "error", "error": "ClientDied",
-                                     "message": f"the {client_line} client exited with code {returncode} "
-                                                f"before this probe finished"
-                                                + (f" ({died.reason})" if died else ""),
-                                     "client_stderr_tail": stderr_tail,
-                                     "seconds": 0.0, "statuses": trail.get(probe["id"], [])}
-            say(f"{probe['id']}: ClientDied (exit {returncode})")
+    pending = list(probes)
+    while pending:
+        # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
+        client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT,
+                               input=json.dumps(pending), what=f"the {client_line} probe client in the {env.name!r} environment")
+        current, died, silent = None, None, False
+        while True:
+            try:
+                event = client.next(NO_ANSWER_S)
+            except channel.ChannelTimeout as exc:
+                died, silent = exc, True
+                break
+            except channel.ChannelError as exc:
+                died = exc
+                break
+            if event is None:
+                break
+            probe_id = event.get("probe")
+            if event.get("event") == "start":
+                current = probe_id
+                trail[probe_id] = []
+                say(f"{probe_id}: started")
+            elif event.get("event") == "status":
+                trail.setdefault(probe_id, []).append(event["status"])
+                say(f"{probe_id}: {event['status']}")
+            elif event.get("event") == "done":
+                result = event["observed"]
+                result["statuses"] = trail.get(probe_id, [])
+                observed[probe_id] = result
+                say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
+            elif event.get("event") == "context":
+                context = {"client": event["client"], "server_env": event["server_env"]}
+        returncode = client.process.wait()
+        stderr_tail = client.stderr_tail(15)
+        client.close()
+        if silent and current is not None and current not in observed:
+            statuses = trail.get(current, [])
+            observed[current] = {"status": "error", "error": "NoAnswer",
+                                 "message": f"the {client_line} client sent nothing for {NO_ANSWER_S:g} s "
+                                            f"(last server status: {statuses[-1] if statuses else 'none'}) and "
+                                            f"was killed; the probes after this one ran in a fresh client",
+                                 "client_stderr_tail": stderr_tail, "seconds": NO_ANSWER_S, "statuses": statuses}
+            say(f"{current}: NoAnswer after {NO_ANSWER_S:g} s; the probes after it go to a fresh client")
+            pending = pending[[p["id"] for p in pending].index(current) + 1:]
+            continue
+        for probe in pending:
+            if probe["id"] not in observed:
+                # The client died before reaching this probe: that is its observation.
+                observed[probe["id"]] = {"status": "error", "error": "ClientDied",
+                                         "message": f"the {client_line} client exited with code {returncode} "
+                                                    f"before this probe finished"
+                                                    + (f" ({died.reason})" if died else ""),
+                                         "client_stderr_tail": stderr_tail,
+                                         "seconds": 0.0, "statuses": trail.get(probe["id"], [])}
+                say(f"{probe['id']}: ClientDied (exit {returncode})")
+        pending = []
     return observed, context
 
 
