@@ -24,6 +24,7 @@ job when a test first asks for it instead, in test order, as the suite ran befor
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def _everything_against_07(server: str, scratch) -> dict:
     return result
 
 
-#: A bound on one probe script run; each probe is bounded far below it (``runner.NO_ANSWER_S``).
+#: A bound on one probe script run, past the silences its runner tolerates (``runner.NO_ANSWER_S`` each).
 PROBE_SCRIPT_TIMEOUT_S = 1800
 
 
@@ -126,17 +127,20 @@ def probe_script(cfg, out) -> dict:
     out.mkdir()
     environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
     with_flags = [flag for name in cfg.extras for flag in ("--with", name)]
-    try:
-        run = subprocess.run([sys.executable, str(ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"),
-                              *with_flags, "--line", ",".join(client_lines), "--out", str(out)],
-                             capture_output=True, text=True, env=environ, timeout=PROBE_SCRIPT_TIMEOUT_S, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        # The job's other results stand; the tests reading the probes fail on this record.
-        def text(captured):
-            return captured.decode(errors="replace") if isinstance(captured, bytes) else captured or ""
-        run = subprocess.CompletedProcess(exc.cmd, None, text(exc.stdout),
-                                          text(exc.stderr) + f"\n(killed after {PROBE_SCRIPT_TIMEOUT_S} s)")
-    return {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr,
+    # Its own session, so a timeout kills the script's clients with it.
+    with subprocess.Popen([sys.executable, str(ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"), *with_flags,
+                           "--line", ",".join(client_lines), "--out", str(out)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, cwd=ROOT,
+                          start_new_session=True) as run:
+        try:
+            stdout, stderr = run.communicate(timeout=PROBE_SCRIPT_TIMEOUT_S)
+            returncode = run.returncode
+        except subprocess.TimeoutExpired:
+            # The job's other results stand; the tests reading the probes fail on this record.
+            os.killpg(run.pid, signal.SIGKILL)
+            stdout, stderr = run.communicate()
+            returncode, stderr = None, stderr + f"\n(killed after {PROBE_SCRIPT_TIMEOUT_S} s)"
+    return {"returncode": returncode, "stdout": stdout, "stderr": stderr,
             "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{flavour}-2*.json"))]
                         for name in client_lines},
             "stack_still_up": stack.healthy(cfg)}

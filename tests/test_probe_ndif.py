@@ -250,14 +250,25 @@ class StandInHost(runner.Host):
         return [sys.executable, str(ROOT / "tests" / "silent_probe_client.py")]
 
 
+def run_stand_in(monkeypatch, ids):
+    monkeypatch.setattr(runner, "NO_ANSWER_S", 1.0)
+    return runner.run_line("patched", [{"id": i} for i in ids], StandInHost("http://stand-in", None), say=lambda m: None)
+
+
 def test_a_client_silent_past_the_limit_costs_only_the_probe_it_was_on(monkeypatch):
-    monkeypatch.setattr(runner, "NO_ANSWER_S", 3.0)
-    probes = [{"id": "first"}, {"id": "hangs"}, {"id": "after"}, {"id": "hangs-again"}, {"id": "last"}]
-    observed, context = runner.run_line("patched", probes, StandInHost("http://stand-in", None), say=lambda m: None)
+    observed, context = run_stand_in(monkeypatch, ["first", "hangs", "after", "hangs-again", "last"])
     assert {p: o["status"] for p, o in observed.items()} == {
         "first": "ok", "hangs": "error", "after": "ok", "hangs-again": "error", "last": "ok"}
     assert observed["hangs"]["error"] == "NoAnswer"
-    assert "sent nothing for 3 s (last server status: RUNNING)" in observed["hangs"]["message"]
+    assert "sent nothing for 1 s (last server status: RUNNING)" in observed["hangs"]["message"]
+    assert "ran in a fresh client" in observed["hangs"]["message"]
+    assert context == {"client": {"line": "stand-in"}, "server_env": {"python": "3.11"}}
+
+
+def test_a_client_silent_on_its_last_probe_still_leaves_its_versions(monkeypatch):
+    observed, context = run_stand_in(monkeypatch, ["first", "hangs"])
+    assert observed["hangs"]["error"] == "NoAnswer"
+    assert "fresh client" not in observed["hangs"]["message"]
     assert context["client"] == {"line": "stand-in"}
 
 

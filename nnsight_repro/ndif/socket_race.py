@@ -15,9 +15,9 @@ order than the messages arrived in, and the fault shows in one of two ways:
 - **a stranded header.** When an attachment's thread runs before its own header's, the attachment is
   read as a packet and dropped, and the header waits in the slot for an attachment that already
   came. If that was the job's last status (COMPLETED), nothing else ever arrives: nnsight's
-  ``sio.receive()`` has no timeout and the client waits for ever (the likeliest cause of a CI run's
-  0.7 probe script hanging until killed after 1800 s). :func:`call` watches the slot while the call waits (:data:`STRANDED_AFTER_S`) and
-  raises :class:`StrandedStatus` instead.
+  ``sio.receive()`` has no timeout and the client waits for ever (the likeliest cause of a CI
+  run's 0.7 probe script hanging until killed after 1800 s). :func:`call` watches the slot while the
+  call waits (:data:`STRANDED_AFTER_S`) and raises :class:`StrandedStatus` instead.
 
 Neither nnsight nor the server did anything wrong on the wire; the same job, sent again, runs.
 
@@ -26,8 +26,9 @@ recording every retry so a result never hides one. It deliberately retries nothi
 exception, a TypeError raised anywhere but in ``unpickle``, a wait with no header stranded (a job
 that is merely slow), and the last attempt's failure propagate unchanged. nnsight 0.8.1's client reads
 its statuses from one plain websocket in one thread; its environments have no python-socketio, and
-:func:`call` then only calls. ``tests/test_socket_race.py`` shows both symptoms in python-socketio
-offline and will fail once the race is fixed there (then this module goes).
+:func:`call` then only calls. ``tests/test_socket_race.py`` shows both symptoms offline, handing
+python-socketio's client the messages in the racing orders. While a call runs, the watch replaces
+``socketio.SimpleClient.receive`` process-wide: make one call at a time (every client here does).
 """
 
 from __future__ import annotations

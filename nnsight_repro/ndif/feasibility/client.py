@@ -8,7 +8,8 @@ validated by :mod:`.declarations`) as JSON on stdin and sends one record per eve
     {"event": "start", "probe": id}
     {"event": "status", "probe": id, "status": "RECEIVED" | "QUEUED" | "RUNNING" | "COMPLETED" | ...}
     {"event": "done", "probe": id, "observed": {...}}
-    {"event": "context", "client": {...}, "server_env": {...} | null}
+    {"event": "context", "client": {...}, "server_env": null}        (before the first probe)
+    {"event": "context", "client": {...}, "server_env": {...}}        (after the last)
 
 It knows the three probe kinds (``status``, ``trace``, ``env``), never a single probe. What differs
 between nnsight lines (wrapper, key field, hub-id cache) comes from :mod:`nnsight_repro.lines`.
@@ -211,6 +212,11 @@ def main() -> int:
         if "model" in probe:
             models.import_requirements(models.get(probe["model"]["panel"]))
     watch_statuses()
+    client = {"line": LINE.name, "env": paths.setting("ENV"), "python": sys.version.split()[0],
+              **client_packages(["nnsight", "transformers", "torch", "multimolecule"])}
+    # The client half first, so a client killed mid-probe still leaves its versions; the server's /env only
+    # after the probes, which must each meet the server as a user's first request would.
+    emit(event="context", client=client, server_env=None)
     for probe in probes:
         emit(event="start", probe=probe["id"])
         emit(event="done", probe=probe["id"], observed=observe(probe))
@@ -221,10 +227,7 @@ def main() -> int:
                                for n in ("nnsight", "transformers", "torch", "multimolecule")}}
     except Exception as exc:
         remote = {"error": f"{type(exc).__name__}: {exc}"}
-    emit(event="context", client={"line": LINE.name, "env": paths.setting("ENV"),
-                                  "python": sys.version.split()[0],
-                                  **client_packages(["nnsight", "transformers", "torch", "multimolecule"])},
-         server_env=remote)
+    emit(event="context", client=client, server_env=remote)
     return 0
 
 

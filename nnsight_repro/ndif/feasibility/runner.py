@@ -56,9 +56,9 @@ DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
 CLIENT_MODULE = "nnsight_repro.ndif.feasibility.client"
 
 #: How long a probe client may send nothing before it is killed and its probe recorded as ``NoAnswer``.
-#: The longest silence a working client keeps is importing torch and building a model before its first
-#: probe, or a server provisioning a model on request: tens of seconds on a loaded machine. nnsight's
-#: own wait for a job has no end.
+#: The longest silences a working client keeps are importing torch, nnsight and transformers before its
+#: first event, building a probe's model before its first request, and a server provisioning a model on
+#: request: tens of seconds on a loaded machine. nnsight's own wait for a job has no end.
 NO_ANSWER_S = 600.0
 
 # Exit codes: 0 every observation matched; 1 some did not (or the host was unreachable); 2 bad input.
@@ -157,7 +157,8 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
     """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs.
 
     A client that sends nothing for :data:`NO_ANSWER_S` is killed: the probe it was on is recorded as
-    ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe.
+    ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe (a
+    client silent before its first probe costs them all, as ``ClientDied``).
     """
     env = envs.ensure(CLIENT_LINES[client_line].env)
     observed: Dict[str, dict] = {}
@@ -168,7 +169,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
         # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
         client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT,
                                input=json.dumps(pending), what=f"the {client_line} probe client in the {env.name!r} environment")
-        current, died, silent = None, None, False
+        current, started, died, silent = None, 0.0, None, False
         while True:
             try:
                 event = client.next(NO_ANSWER_S)
@@ -182,7 +183,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
                 break
             probe_id = event.get("probe")
             if event.get("event") == "start":
-                current = probe_id
+                current, started = probe_id, time.perf_counter()
                 trail[probe_id] = []
                 say(f"{probe_id}: started")
             elif event.get("event") == "status":
@@ -194,19 +195,21 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
                 observed[probe_id] = result
                 say(f"{probe_id}: {headline(result)} ({result['seconds']} s)")
             elif event.get("event") == "context":
-                context = {"client": event["client"], "server_env": event["server_env"]}
+                context = {"client": event["client"], "server_env": event["server_env"] or context.get("server_env")}
         returncode = client.process.wait()
         stderr_tail = client.stderr_tail(15)
         client.close()
         if silent and current is not None and current not in observed:
             statuses = trail.get(current, [])
+            pending = pending[[p["id"] for p in pending].index(current) + 1:]
+            after = "; the probes after this one ran in a fresh client" if pending else ""
             observed[current] = {"status": "error", "error": "NoAnswer",
                                  "message": f"the {client_line} client sent nothing for {NO_ANSWER_S:g} s "
                                             f"(last server status: {statuses[-1] if statuses else 'none'}) and "
-                                            f"was killed; the probes after this one ran in a fresh client",
-                                 "client_stderr_tail": stderr_tail, "seconds": NO_ANSWER_S, "statuses": statuses}
-            say(f"{current}: NoAnswer after {NO_ANSWER_S:g} s; the probes after it go to a fresh client")
-            pending = pending[[p["id"] for p in pending].index(current) + 1:]
+                                            f"was killed{after}",
+                                 "client_stderr_tail": stderr_tail,
+                                 "seconds": round(time.perf_counter() - started, 3), "statuses": statuses}
+            say(f"{current}: NoAnswer after {NO_ANSWER_S:g} s of silence" + (after and "; the rest go to a fresh client"))
             continue
         for probe in pending:
             if probe["id"] not in observed:
