@@ -22,6 +22,7 @@ job when a test first asks for it instead, in test order, as the suite ran befor
 """
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -81,16 +82,17 @@ def ndif_stack():
             stack.down(cfg)
 
 
-def _everything_against_07(server: str, scratch) -> dict:
+def _everything_against_07(stack_args: dict, scratch) -> dict:
     """The negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does,
     on the stock flavour a user's ``__main__`` Envoy subclass from the stock and the fixed client
     (``envoy_subclass_cases.run_live``), and the probe script's client lines
-    served by ``server``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
+    served by ``stack_args["server"]``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
     so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from envoy_subclass_cases import run_live
     from nnsight_repro.ndif import config, negative_control, netns, stack
 
-    with cold_stack(config.default(line="0.7", server=server)) as running:
+    server = stack_args["server"]
+    with cold_stack(config.default(**stack_args)) as running:
         result = negative_control.run_pairings(running.cfg)
         result["status"] = running.status()
         try:
@@ -138,8 +140,12 @@ def probe_script(cfg, out) -> dict:
         except subprocess.TimeoutExpired:
             # The job's other results stand; the tests reading the probes fail on this record.
             os.killpg(run.pid, signal.SIGKILL)
-            stdout, stderr = run.communicate()
+            stdout, stderr = run.communicate(timeout=60)
             returncode, stderr = None, stderr + f"\n(killed after {PROBE_SCRIPT_TIMEOUT_S} s)"
+        except BaseException:
+            # The lane interrupted (SIGTERM): the script and its clients go first, so the stack can come down.
+            os.killpg(run.pid, signal.SIGKILL)
+            raise
     return {"returncode": returncode, "stdout": stdout, "stderr": stderr,
             "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{flavour}-2*.json"))]
                         for name in client_lines},
@@ -161,7 +167,7 @@ def ndif07_patched(live_stack_lane):
 CI_PANEL = ["rnabert", "antiberty"]
 
 
-def _multimolecule_batch(line: str, scratch) -> dict:
+def _multimolecule_batch(stack_args: dict, scratch) -> dict:
     """:data:`CI_PANEL` through the same code as the panel command (:func:`nnsight_repro.ndif.panel.run_batch`):
     a cold stack of the line's multimolecule flavour (a folder and namespace of its own, so a plain stack of
     the line can stay up beside it), every pairing of the line, then, on the same stack, the probe script
@@ -169,7 +175,9 @@ def _multimolecule_batch(line: str, scratch) -> dict:
     return."""
     from nnsight_repro.ndif import panel
 
-    return panel.run_batch(line, CI_PANEL, 1, while_up=lambda cfg: probe_script(cfg, scratch / "probes"))
+    (flavour,) = stack_args["extras"]
+    return panel.run_batch(stack_args["line"], CI_PANEL, 1, flavour=flavour,
+                           while_up=lambda cfg: probe_script(cfg, scratch / "probes"))
 
 
 def _by_row(batch: dict) -> dict:
@@ -187,28 +195,24 @@ def ndif07_multimolecule(live_stack_lane):
     return _by_row(live_stack_lane.result("ndif07_multimolecule"))
 
 
-#: The jobs of the live-stack lane: each brings a cold stack up, does everything the session asks of it, and
-#: brings it down before it returns (a JSON record). ``scratch``: a folder of the job's own.
+#: The jobs of the live-stack lane: what each runs, ``run(stack_args, scratch)``, and the stack it runs on
+#: (``config.default``'s arguments). A job brings that stack up cold, does everything the session asks of it,
+#: and brings it down before it returns (a JSON record); the session brings it down again when the job returned
+#: no result. ``scratch``: a folder of the job's own.
 LANE_JOBS = {
-    "ndif07_stock": lambda scratch: _everything_against_07("stock", scratch),
-    "ndif07_patched": lambda scratch: _everything_against_07("patched", scratch),
-    "ndif08_multimolecule": lambda scratch: _multimolecule_batch("0.8", scratch),
-    "ndif07_multimolecule": lambda scratch: _multimolecule_batch("0.7", scratch),
+    "ndif07_stock": (_everything_against_07, {"line": "0.7", "server": "stock"}),
+    "ndif07_patched": (_everything_against_07, {"line": "0.7", "server": "patched"}),
+    "ndif08_multimolecule": (_multimolecule_batch, {"line": "0.8", "extras": ("multimolecule",)}),
+    "ndif07_multimolecule": (_multimolecule_batch, {"line": "0.7", "extras": ("multimolecule",)}),
 }
-#: The stack folder each job brings up (``config.default``'s arguments, as the job's own code passes them), so
-#: the session can bring down one a killed lane left up.
-LANE_STACKS = {
-    "ndif07_stock": {"line": "0.7"},
-    "ndif07_patched": {"line": "0.7"},
-    "ndif08_multimolecule": {"line": "0.8", "extras": ("multimolecule",)},
-    "ndif07_multimolecule": {"line": "0.7", "extras": ("multimolecule",)},
-}
+#: The same jobs as the lane calls them, ``run(scratch)``.
+LANE_RUNS = {job: functools.partial(run, stack_args) for job, (run, stack_args) in LANE_JOBS.items()}
 
 
 def _bring_down(job: str) -> None:
     from nnsight_repro.ndif import config, stack
 
-    stack.down(config.default(**LANE_STACKS[job]))
+    stack.down(config.default(**LANE_JOBS[job][1]))
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -238,7 +242,7 @@ def live_stack_lane(request, tmp_path_factory):
         with capture.global_and_fixture_disabled():  # else the line lands in the running test's capture
             reporter.write_line(line)
 
-    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_JOBS", _bring_down, say)
+    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_RUNS", _bring_down, say)
     jobs = stack_lane.needed(request.session.items, LANE_JOBS) if stack_lane.mode() == "ahead" else []
     if jobs:
         say(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")

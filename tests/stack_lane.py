@@ -12,16 +12,16 @@ nothing the tests change afterwards.
 
 Owns: which jobs a session needs and in what order (:func:`needed`), running the tests that read them last
 (:func:`readers_last`), starting the lane with them, handing each job's record to its fixture
-(:meth:`Lane.result`; a job the session did not foresee starts on first request, once no other lane runs,
-since two jobs may use one stack folder), and stopping the lane so that every stack it started comes down
-(:meth:`Lane.stop`). Each job is bounded by its stack's own timeouts and its clients'; the lane adds no
+(:meth:`Lane.result`; a job the session did not foresee, or one a lane died before reaching, starts on first
+request, once no other lane runs, since two jobs may use one stack folder), and stopping the lane so that every
+stack it started comes down (:meth:`Lane.stop`). Each job is bounded by its stack's own timeouts and its clients'; the lane adds no
 timeout of its own.
 
 Does not own: what a job does (``tests/ndif_fixture.py``), how a stack runs (:mod:`nnsight_repro.ndif.stack`),
 or the channel a record travels on (:mod:`nnsight_repro.channel`).
 
 Run as a script it is the lane itself: ``python stack_lane.py PARENT SCRATCH MODULE:TABLE JOB...`` runs the
-jobs of that table (``ndif_fixture:LANE_JOBS``; the lane's own tests give it fakes) one after another and
+jobs of that table (``ndif_fixture:LANE_RUNS``; the lane's own tests give it fakes) one after another and
 sends ``{"job", "started"}`` before each and ``{"job", "result"}`` or ``{"job", "error"}`` after it; a job
 that fails does not stop the ones after it. SIGTERM, or the death of the process ``PARENT`` (a session
 killed outright), ends it through every ``finally``, so the stack it is running comes down; a second SIGTERM
@@ -107,9 +107,14 @@ class Lane:
                  say: Callable[[str], None] = print):
         self.scratch, self.table, self.bring_down, self.say = Path(scratch), table, bring_down, say
         self.log = self.scratch / "lane.log"
+        # Every lane sees the environment the session started with, not what a test has set by the time it
+        # asks for an unforeseen job.
+        self.env = dict(os.environ)
         self.streams: Dict[str, object] = {}  # job -> the stream of the lane process running it
         self.records: Dict[str, dict] = {}  # job -> its result or error record
         self.started: set = set()
+        self.downed: set = set()  # jobs whose stack the session brought down
+        self.closed: set = set()  # streams stop() has read to the end and closed
         self.died: Dict[object, Exception] = {}  # stream -> the ChannelError it ended with
 
     def start(self, jobs: List[str]) -> None:
@@ -117,7 +122,7 @@ class Lane:
 
         if not jobs:
             return
-        env = dict(os.environ)
+        env = dict(self.env)
         # The suite's interpreter need not be a project environment (which puts the project on the path).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         argv = [sys.executable, str(Path(__file__)), str(os.getpid()), str(self.scratch), self.table, *jobs]
@@ -133,6 +138,14 @@ class Lane:
         stream = self.streams[job]
         while job not in self.records:
             if not self._read(stream):
+                if stream in self.died and job not in self.started:
+                    # The lane died in an earlier job: this one never ran, so it gets a lane of its own, once
+                    # the stack of the job it died in is down (the two may share a folder).
+                    self._bring_down_unfinished(stream)
+                    self._finish_running()
+                    self.start([job])
+                    stream = self.streams[job]
+                    continue
                 if stream in self.died:
                     raise self.died[stream]
                 raise LaneError(f"The live-stack lane exited without a record for {job} (its log: {self.log}).")
@@ -144,7 +157,7 @@ class Lane:
     def stop(self) -> None:
         """Interrupt whatever lane still runs (a session that ended early), wait for it to bring its stack
         down, and bring down what it could not."""
-        lanes = list(dict.fromkeys(self.streams.values()))
+        lanes = [stream for stream in dict.fromkeys(self.streams.values()) if stream not in self.closed]
         running = [stream for stream in lanes if stream.poll() is None]
         try:
             if running:
@@ -158,12 +171,23 @@ class Lane:
                     stream.kill()  # what it left up is brought down below
         finally:
             for stream in lanes:
+                if stream.poll() is None:
+                    stream.kill()  # interrupted again while waiting: what it left up is brought down below
                 while self._read(stream):
                     pass
                 stream.close()
-            for job in sorted(self.started - set(self.records)):
+                self.closed.add(stream)
+            for stream in lanes:
+                self._bring_down_unfinished(stream)
+
+    def _bring_down_unfinished(self, stream) -> None:
+        """Bring down the stack of each job of ``stream`` that started and returned no result: the lane was
+        killed in it, or its own ``down`` failed (``down`` is idempotent, so an error record gets one too)."""
+        for job in sorted(j for j, s in self.streams.items() if s is stream):
+            if job in self.started and "result" not in self.records.get(job, {}) and job not in self.downed:
+                self.downed.add(job)
                 if self.bring_down is not None:
-                    self.say(f"[ndif] the lane ended during {job}: making sure its stack is down")
+                    self.say(f"[ndif] {job} returned no result: making sure its stack is down")
                     self.bring_down(job)
 
     def _read(self, stream) -> bool:

@@ -42,6 +42,10 @@ def patched_server(ndif07_patched):
     return ndif07_patched
 
 
+#: Both flavours by the lane job that serves them (the parameter names the job, so the lane sees it asked for).
+FLAVOURS, FLAVOUR_IDS = ["ndif07_stock", "ndif07_patched"], ["stock_server", "patched_server"]
+
+
 def case(result, client, model, kind="trace"):
     return result["clients"][client][f"{kind}:{model}:{ATOL}"]
 
@@ -142,7 +146,7 @@ def test_patched_server_runs_the_patched_environments_own_nnsight(patched_server
 
 # The stack itself ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flavour", ["stock_server", "patched_server"])
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
 def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothing(flavour, request):
     result = request.getfixturevalue(flavour)
     assert result["interfaces"] == ["lo"]
@@ -159,7 +163,7 @@ def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothin
         assert by_key[key]["level"] == "HOT", (key, result["status"]["models"])
 
 
-@pytest.mark.parametrize("flavour", ["stock_server", "patched_server"])
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
 def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request):
     result = request.getfixturevalue(flavour)
     (gpt2_key,) = result["status"]["state"]["models"].values()
@@ -170,7 +174,7 @@ def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request)
     assert not result["netns_left_after_down"]
 
 
-@pytest.mark.parametrize("flavour", ["stock_server", "patched_server"])
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
 def test_every_ray_client_connecting_as_the_api_does_gets_its_server(flavour, request):
     # With gRPC's fork support on in Ray's processes, 18 of 122 such connects (measured) lost their
     # server at start and waited 30 s (config.RAY_ENV); 16 per flavour, 32 in all, would miss that

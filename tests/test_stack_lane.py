@@ -1,6 +1,7 @@
 """The live-stack lane (tests/stack_lane.py), with fake jobs (tests/stack_lane_cases.py): each record reaches
-its fixture, a failing job is named and stops nothing, an interrupted or orphaned lane still brings its job
-down, what a killed lane left up is brought down by the session, and the tests that read the lane run last."""
+its fixture, a failing job is named and stops nothing, a job a dead lane never reached runs in a lane of its
+own, an interrupted or orphaned lane still brings its job down, what a killed lane left up (or a job that
+failed) is brought down by the session, and the tests that read the lane run last."""
 
 import os
 import signal
@@ -66,11 +67,17 @@ def test_a_job_the_session_did_not_foresee_waits_for_the_running_lane_to_end(lan
     assert started >= float((lane.scratch / "takes a moment" / "ended").read_text())
 
 
-def test_jobs_see_the_environment_the_lane_started_with_not_what_a_test_sets_later(lane, monkeypatch, tmp_path):
+def test_every_lane_sees_the_environment_the_session_started_with_not_what_a_test_sets_later(monkeypatch, tmp_path):
     monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path / "the session's"))
-    lane.start(["first", "reads the cache setting"])
+    running = stack_lane.Lane(tmp_path, CASES, say=lambda line: None)
     monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path / "a test's own"))
-    assert lane.result("reads the cache setting") == str(tmp_path / "the session's")
+    try:
+        running.start(["first"])
+        assert running.result("first") == {"made in": "first"}
+        # Not foreseen: a lane of its own, started now.
+        assert running.result("reads the cache setting") == str(tmp_path / "the session's")
+    finally:
+        running.stop()
 
 
 def test_stop_interrupts_a_running_job_through_its_finally_and_the_session_makes_sure(lane, brought_down):
@@ -116,10 +123,24 @@ def test_a_lane_whose_session_is_killed_outright_brings_its_job_down(tmp_path):
         session.wait()
 
 
+def test_a_job_that_failed_has_its_stack_brought_down_again_by_the_session(lane, brought_down):
+    lane.start(["fails", "first"])
+    assert lane.result("first") == {"made in": "first"}
+    lane.stop()
+    assert brought_down == ["fails"]  # its own `down` may be what failed
+
+
+def test_a_job_after_the_one_its_lane_died_in_runs_in_a_lane_of_its_own_once_that_stack_is_down(lane, brought_down):
+    lane.start(["dies", "first"])
+    assert lane.result("first") == {"made in": "first"}
+    assert brought_down == ["dies"]
+    assert len(set(lane.streams.values())) == 2
+
+
 def test_a_lane_that_dies_is_a_channel_error_naming_the_lane_and_its_log(lane):
     lane.start(["dies", "first"])
     with pytest.raises(channel.ChannelError) as raised:
-        lane.result("first")
+        lane.result("dies")
     message = str(raised.value)
     assert message.startswith("the live-stack lane (dies, first; its log: "), message
     assert "was killed by SIGKILL" in message, message
@@ -139,12 +160,6 @@ def test_modules_that_read_the_lane_run_after_the_others_each_whole():
     items = [item("a.py"), item("remote.py"), item("remote.py", "a job"), item("b.py"), item("remote.py")]
     assert [(str(i.path), i.fixturenames) for i in stack_lane.readers_last(items, ["a job"])] == [
         ("a.py", []), ("b.py", []), ("remote.py", []), ("remote.py", ["a job"]), ("remote.py", [])]
-
-
-def test_every_lane_job_names_the_stack_the_session_brings_down_for_it():
-    import ndif_fixture
-
-    assert set(ndif_fixture.LANE_STACKS) == set(ndif_fixture.LANE_JOBS)
 
 
 def test_a_mode_the_lane_does_not_have_stops_the_session_before_any_test_naming_the_variable(monkeypatch):
