@@ -85,9 +85,9 @@ def ndif_stack():
 def _everything_against_07(stack_args: dict, scratch) -> dict:
     """The negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does,
     on the stock flavour a user's ``__main__`` Envoy subclass from the stock and the fixed client
-    (``envoy_subclass_cases.run_live``), and the probe script's client lines
-    served by ``stack_args["server"]``, all while one cold 0.7 stack of that flavour runs; the stack is down on return,
-    so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
+    (``envoy_subclass_cases.run_live``), and the probe script's client lines served by
+    ``stack_args["server"]``, all while one cold 0.7 stack of that flavour runs; the stack is down on
+    return, so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from envoy_subclass_cases import run_live
     from nnsight_repro.ndif import config, negative_control, netns, stack
 

@@ -14,8 +14,8 @@ Owns: which jobs a session needs and in what order (:func:`needed`), running the
 (:func:`readers_last`), starting the lane with them, handing each job's record to its fixture
 (:meth:`Lane.result`; a job the session did not foresee, or one a lane died before reaching, starts on first
 request, once no other lane runs, since two jobs may use one stack folder), and stopping the lane so that every
-stack it started comes down (:meth:`Lane.stop`). Each job is bounded by its stack's own timeouts and its clients'; the lane adds no
-timeout of its own.
+stack it started comes down (:meth:`Lane.stop`). Each job is bounded by its stack's own timeouts and its
+clients'; the lane adds no timeout of its own.
 
 Does not own: what a job does (``tests/ndif_fixture.py``), how a stack runs (:mod:`nnsight_repro.ndif.stack`),
 or the channel a record travels on (:mod:`nnsight_repro.channel`).

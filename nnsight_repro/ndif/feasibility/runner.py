@@ -168,7 +168,8 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
     while pending:
         # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
         client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT,
-                               input=json.dumps(pending), what=f"the {client_line} probe client in the {env.name!r} environment")
+                               input=json.dumps(pending),
+                               what=f"the {client_line} probe client in the {env.name!r} environment")
         current, started, died, silent = None, 0.0, None, False
         while True:
             try:
@@ -209,7 +210,8 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
                                             f"was killed{after}",
                                  "client_stderr_tail": stderr_tail,
                                  "seconds": round(time.perf_counter() - started, 3), "statuses": statuses}
-            say(f"{current}: NoAnswer after {NO_ANSWER_S:g} s of silence" + (after and "; the rest go to a fresh client"))
+            say(f"{current}: NoAnswer after {NO_ANSWER_S:g} s of silence"
+                + (after and "; the rest go to a fresh client"))
             continue
         for probe in pending:
             if probe["id"] not in observed:
