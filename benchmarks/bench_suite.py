@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_suite.py                          # one round: ahead, then on-demand
     python3 benchmarks/bench_suite.py --rounds 2 --json results/benchmarks/suite.json
+    python3 benchmarks/bench_suite.py --modes ahead            # the default mode alone
 
 Runs the README's test command (``CI=true python3 -m nnsight_repro test``, the environments already built)
 once per mode of the lane (``NNSIGHT_REPRO_STACK_LANE``, tests/stack_lane.py): ``ahead``, the default, starts
@@ -11,6 +12,11 @@ environments are built (or found) before the clock starts. ``ahead`` runs first 
 even ones, so whatever a first run warms (the .pyc a process writes once) favours neither. Prints each run's
 wall time, pytest's count and the load average, then ahead / on-demand, computed only when both modes ran
 the same tests and passed; the record is rewritten after every run, so a failure loses nothing.
+
+Each run also records where its CPU time went (``cpu_use.py``, beside this file): the machine's busy
+core-seconds against the capacity (wall times cores), and core-seconds by live stack and by test module. The
+bar's capacity ratio, busy core-seconds over six minutes of every core, says whether any scheduling of the
+same work could meet the bar on this machine: above 1 it cannot.
 
 Not a test: two shared cores make the numbers move with load. Each run's whole output (pytest's
 ``--durations`` included) is kept beside the JSON's scratch logs under ``--logs``.
@@ -29,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from bench_setup import run  # noqa: E402  (beside this file; it puts the project on the path)
+from cpu_use import CpuUse  # noqa: E402
 from nnsight_repro import cli, envs, paths, provenance  # noqa: E402
 from tests.stack_lane import MODES  # noqa: E402
 
@@ -41,16 +48,29 @@ CLOSING = re.compile(r"^=+ (.*) in ([\d.]+)s", re.MULTILINE)
 def one_run(mode: str, log: Path) -> dict:
     """One warm test command in ``mode``; a run that fails is recorded as failed and the bench goes on."""
     try:
-        measured = run([sys.executable, "-m", "nnsight_repro", "test"], paths.cache_dir(),
-                       {"CI": "true", paths.variable("STACK_LANE"): mode}, log=log)
+        with CpuUse() as use:
+            measured = run([sys.executable, "-m", "nnsight_repro", "test"], paths.cache_dir(),
+                           {"CI": "true", paths.variable("STACK_LANE"): mode}, log=log)
     except SystemExit as exc:  # bench_setup.run's way of saying the command exited non-zero
-        return {"mode": mode, "failed": str(exc)[-2000:], "log": str(log)}
+        return {"mode": mode, "failed": str(exc)[-2000:], "log": str(log), "cpu": use.record()}
     closing = CLOSING.findall(log.read_text())
     if not closing:
         return {"mode": mode, "failed": "pytest printed no closing line", "log": str(log)}
     counts, pytest_s = closing[-1]
     return {"mode": mode, "wall_s": measured["wall_s"], "pytest_s": float(pytest_s), "outcome": counts,
-            "load": measured["load"], "log": str(log)}
+            "load": measured["load"], "log": str(log), "cpu": use.record()}
+
+
+def cpu_lines(cpu: dict, top: int = 12) -> list:
+    """The run's CPU use as printed: the machine against its capacity, then the largest places."""
+    busy, capacity = cpu["machine_core_s"]["busy"], cpu["capacity_core_s"]
+    lines = [f"  cpu: {busy:.0f} busy core-s of {capacity:.0f} ({busy / capacity:.0%}; steal "
+             f"{cpu['machine_core_s']['steal']:.0f}, iowait {cpu['machine_core_s']['iowait']:.0f}); the bar's "
+             f"{BAR_S} s x {cpu['cores']} cores = {BAR_S * cpu['cores']} core-s: busy / that "
+             f"{busy / (BAR_S * cpu['cores']):.2f}x; attributed {cpu['attributed_core_s']:.0f}"]
+    lines += [f"    {place['core_s']:7.1f} core-s {place['processes']:4d} processes  {where}"
+              for where, place in list(cpu["by_where"].items())[:top]]
+    return lines
 
 
 def commit() -> str:
@@ -60,24 +80,29 @@ def commit() -> str:
     return head + ("-dirty" if dirty.strip() else "")
 
 
-def summary(runs: list) -> dict:
+def summary(runs: list, modes=MODES) -> dict:
     """Median wall per mode and ahead / on-demand, when every run passed and both modes ran the same tests."""
     passed = [r for r in runs if "wall_s" in r and "failed" not in r.get("outcome", "")]
-    walls = {mode: [r["wall_s"] for r in passed if r["mode"] == mode] for mode in MODES}
+    walls = {mode: [r["wall_s"] for r in passed if r["mode"] == mode] for mode in modes}
     outcomes = {r["outcome"] for r in passed}
     if len(passed) < len(runs) or not all(walls.values()) or len(outcomes) != 1:
         return {}
     median = {mode: statistics.median(found) for mode, found in walls.items()}
-    return {"median_wall_s": median, "ratio_ahead_over_on_demand": round(median["ahead"] / median["on-demand"], 2),
-            "bar_s": BAR_S, "ratio_bar_over_ahead": round(BAR_S / median["ahead"], 2)}
+    ratios = {"ratio_ahead_over_on_demand": round(median["ahead"] / median["on-demand"], 2)} if len(median) == 2 else {}
+    return {"median_wall_s": median, **ratios, "bar_s": BAR_S, "ratio_bar_over_ahead": round(BAR_S / median["ahead"], 2)}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}; "
+                        "the ahead / on-demand ratio needs both")
     parser.add_argument("--logs", default=str(paths.cache_dir() / "bench-suite"), help="each run's output")
     parser.add_argument("--json", help="also write the record here (after every run)")
     args = parser.parse_args(argv)
+    modes = [mode for mode in MODES if mode in args.modes.split(",")]
+    if "ahead" not in modes or set(args.modes.split(",")) - set(MODES):
+        parser.error(f"--modes {args.modes!r}: name ahead, and only modes of {', '.join(MODES)}")
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     built = cli.setup()  # outside the clock: the bench times the suite, not the builds
@@ -86,7 +111,7 @@ def main(argv=None) -> int:
                   "suite": envs.reported_versions(built["patched"])}, details={"commit": commit()}),
               "runs": []}
     for number in range(1, args.rounds + 1):
-        for mode in (MODES if number % 2 else MODES[::-1]):
+        for mode in (modes if number % 2 else modes[::-1]):
             result = {"round": number, **one_run(mode, logs / f"{provenance.stamp()}-{mode}.log")}
             record["runs"].append(result)
             if "failed" in result:
@@ -94,7 +119,8 @@ def main(argv=None) -> int:
             else:
                 print(f"round {number} {mode:9}: {result['wall_s']} s wall, pytest {result['pytest_s']} s, "
                       f"{result['outcome']} [load {result['load'][0]} -> {result['load'][1]}]", flush=True)
-            record.update(summary(record["runs"]))
+            print("\n".join(cpu_lines(result["cpu"])), flush=True)
+            record.update(summary(record["runs"], modes))
             if args.json:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
@@ -102,8 +128,9 @@ def main(argv=None) -> int:
         print("no ratio: a run failed, or the two modes did not run the same tests", flush=True)
         return 1
     median = record["median_wall_s"]
-    print(f"warm test command, median wall: ahead {median['ahead']} s, on-demand {median['on-demand']} s; "
-          f"ahead / on-demand {record['ratio_ahead_over_on_demand']}x; the bar's {BAR_S} s / ahead "
+    against = (f", on-demand {median['on-demand']} s; ahead / on-demand {record['ratio_ahead_over_on_demand']}x"
+               if "on-demand" in median else "")
+    print(f"warm test command, median wall: ahead {median['ahead']} s{against}; the bar's {BAR_S} s / ahead "
           f"{record['ratio_bar_over_ahead']}x", flush=True)
     if args.json:
         print(f"wrote {args.json}")

@@ -1,0 +1,151 @@
+"""Where a command's CPU time goes: core-seconds sampled from ``/proc`` while it runs.
+
+A live NDIF stack daemonizes (Ray re-parents its workers), so a child's ``rusage`` misses most of what a
+suite spends. This reads the machine instead:
+
+- **the machine**: busy core-seconds from ``/proc/stat`` over the run (user, nice, system, irq, softirq;
+  steal and iowait apart), beside the capacity, wall seconds times cores;
+- **by where**: every process that is this bench's descendant or lives in one of the project's network
+  namespaces (``nnsr-*``: every process a stack starts, daemonized or not), its user + system time at the last
+  sample that saw it, summed by *where*: the namespace's name for a stack's processes, else the test module
+  whose test was running when the process started (``PYTEST_CURRENT_TEST``, inherited), else ``session``
+  (pytest itself, anything started outside a test); ``lane`` for the live-stack lane's own process and
+  what it starts outside a namespace (its session: the environment it inherited names the test that was
+  running when the session started it, not its jobs).
+
+Sampled every ``interval`` seconds, so it misses a process that lives less than that and the last interval
+of every other; ``unattributed`` is the machine's busy time minus what was attributed, which also holds
+anything else the machine ran. Linux only; stdlib only. It measures; it does not decide anything.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+NETNS_DIR = Path("/run/netns")
+NETNS_PREFIX = "nnsr-"
+
+
+def machine_ticks() -> dict:
+    """Cumulative ticks of all cores from ``/proc/stat``: busy, idle, iowait, steal."""
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text()
+                                                                     .split("\n", 1)[0].split()[1:9])
+    return {"busy": user + nice + system + irq + softirq, "idle": idle, "iowait": iowait, "steal": steal}
+
+
+def _stat(pid: str):
+    """(ppid, session, utime + stime in ticks) of a live process, else None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12])
+
+
+def _runs_the_lane(pid: int) -> bool:
+    try:
+        return b"stack_lane.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _test_module(pid: str) -> str:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return "session"
+    for entry in environ:
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry.split(b"=", 1)[1].decode(errors="replace").split("::", 1)[0]
+    return "session"
+
+
+class CpuUse:
+    """``with CpuUse() as use: run(...)``, then ``use.record()``."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.root = os.getpid()
+        self.where = {}  # pid -> where it counts, fixed at first sight (None: not ours)
+        self.ticks = {}  # pid -> its last sampled ticks
+        self.netns = {}  # namespace inode -> name
+        self.lanes = {}  # session id -> whether its leader is the live-stack lane
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.started, self.before = time.monotonic(), machine_ticks()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.wall, self.after = time.monotonic() - self.started, machine_ticks()
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def _namespace(self, pid: str):
+        try:
+            inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            return None
+        if inode not in self.netns:
+            for path in NETNS_DIR.glob(NETNS_PREFIX + "*"):
+                try:
+                    self.netns[path.stat().st_ino] = path.name
+                except OSError:
+                    continue
+        return self.netns.get(inode)
+
+    def _first_sight(self, pid: str, session: int, parents: dict):
+        namespace = self._namespace(pid)
+        if namespace:
+            return f"stack {namespace}"
+        if session not in self.lanes:
+            self.lanes[session] = _runs_the_lane(session)
+        ancestor, seen = int(pid), set()
+        while ancestor > 1 and ancestor not in seen:
+            if ancestor == self.root:
+                return "lane" if self.lanes[session] else _test_module(pid)
+            seen.add(ancestor)
+            ancestor = parents.get(ancestor, 0)
+        return None
+
+    def sample(self):
+        live = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) != self.root:
+                stat = _stat(entry.name)
+                if stat:
+                    live[entry.name] = stat
+        parents = {int(pid): ppid for pid, (ppid, _, _) in live.items()}
+        for pid, (_, session, ticks) in live.items():
+            if pid not in self.where:
+                self.where[pid] = self._first_sight(pid, session, parents)
+            if self.where[pid] is not None:
+                self.ticks[pid] = ticks
+
+    def record(self) -> dict:
+        """Core-seconds by where (largest first), the machine's, and what sampling could not attribute."""
+        by_where, processes = defaultdict(int), defaultdict(int)
+        for pid, ticks in self.ticks.items():
+            by_where[self.where[pid]] += ticks
+            processes[self.where[pid]] += 1
+        machine = {k: round((self.after[k] - self.before[k]) / TICK, 1) for k in self.after}
+        attributed = sum(by_where.values()) / TICK
+        cores = os.cpu_count()
+        return {"wall_s": round(self.wall, 1), "cores": cores, "capacity_core_s": round(self.wall * cores, 1),
+                "machine_core_s": machine, "attributed_core_s": round(attributed, 1),
+                "unattributed_core_s": round(machine["busy"] - attributed, 1),
+                "by_where": {where: {"core_s": round(ticks / TICK, 1), "processes": processes[where]}
+                             for where, ticks in sorted(by_where.items(), key=lambda kv: -kv[1])},
+                "interval_s": self.interval}
