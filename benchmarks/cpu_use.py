@@ -39,13 +39,13 @@ def machine_ticks() -> dict:
 
 
 def _stat(pid: str):
-    """(ppid, session, utime + stime in ticks) of a live process, else None."""
+    """(ppid, session, start time, utime + stime in ticks) of a live process, else None."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12])
+    return int(fields[1]), int(fields[3]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def _runs_the_lane(pid: int) -> bool:
@@ -72,8 +72,9 @@ class CpuUse:
     def __init__(self, interval: float = 0.5):
         self.interval = interval
         self.root = os.getpid()
-        self.where = {}  # pid -> where it counts, fixed at first sight (None: not ours)
-        self.ticks = {}  # pid -> its last sampled ticks
+        # By (pid, start time): a run starts more processes than this kernel has pids (32,768 here).
+        self.where = {}  # process -> where it counts, fixed at first sight (None: not ours)
+        self.ticks = {}  # process -> its last sampled ticks
         self.netns = {}  # namespace inode -> name
         self.lanes = {}  # session id -> whether its leader is the live-stack lane
         self._stop = threading.Event()
@@ -127,19 +128,20 @@ class CpuUse:
                 stat = _stat(entry.name)
                 if stat:
                     live[entry.name] = stat
-        parents = {int(pid): ppid for pid, (ppid, _, _) in live.items()}
-        for pid, (_, session, ticks) in live.items():
-            if pid not in self.where:
-                self.where[pid] = self._first_sight(pid, session, parents)
-            if self.where[pid] is not None:
-                self.ticks[pid] = ticks
+        parents = {int(pid): ppid for pid, (ppid, *_) in live.items()}
+        for pid, (_, session, start, ticks) in live.items():
+            process = (pid, start)
+            if process not in self.where:
+                self.where[process] = self._first_sight(pid, session, parents)
+            if self.where[process] is not None:
+                self.ticks[process] = ticks
 
     def record(self) -> dict:
         """Core-seconds by where (largest first), the machine's, and what sampling could not attribute."""
         by_where, processes = defaultdict(int), defaultdict(int)
-        for pid, ticks in self.ticks.items():
-            by_where[self.where[pid]] += ticks
-            processes[self.where[pid]] += 1
+        for process, ticks in self.ticks.items():
+            by_where[self.where[process]] += ticks
+            processes[self.where[process]] += 1
         machine = {k: round((self.after[k] - self.before[k]) / TICK, 1) for k in self.after}
         attributed = sum(by_where.values()) / TICK
         cores = os.cpu_count()
