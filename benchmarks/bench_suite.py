@@ -14,9 +14,10 @@ wall time, pytest's count and the load average, then ahead / on-demand, computed
 the same tests and passed; the record is rewritten after every run, so a failure loses nothing.
 
 Each run also records where its CPU time went (``cpu_use.py``, beside this file): the machine's busy
-core-seconds against the capacity (wall times cores), and core-seconds by live stack and by test module. The
-bar's capacity ratio, busy core-seconds over six minutes of every core, says whether any scheduling of the
-same work could meet the bar on this machine: above 1 it cannot.
+core-seconds against the capacity (wall times cores), and core-seconds by live stack and by test module. Beside
+them, the bar's capacity (six minutes of every core): when the core-seconds the suite's own processes spent
+exceed it, no scheduling of the same work meets the bar on this machine at this load; the machine's busy
+time is printed too, and includes whatever else ran.
 
 Not a test: two shared cores make the numbers move with load. Each run's whole output (pytest's
 ``--durations`` included) is kept beside the JSON's scratch logs under ``--logs``.
@@ -55,7 +56,7 @@ def one_run(mode: str, log: Path) -> dict:
         return {"mode": mode, "failed": str(exc)[-2000:], "log": str(log), "cpu": use.record()}
     closing = CLOSING.findall(log.read_text())
     if not closing:
-        return {"mode": mode, "failed": "pytest printed no closing line", "log": str(log)}
+        return {"mode": mode, "failed": "pytest printed no closing line", "log": str(log), "cpu": use.record()}
     counts, pytest_s = closing[-1]
     return {"mode": mode, "wall_s": measured["wall_s"], "pytest_s": float(pytest_s), "outcome": counts,
             "load": measured["load"], "log": str(log), "cpu": use.record()}
@@ -63,12 +64,15 @@ def one_run(mode: str, log: Path) -> dict:
 
 def cpu_lines(cpu: dict, top: int = 12) -> list:
     """The run's CPU use as printed: the machine against its capacity, then the largest places."""
-    busy, capacity = cpu["machine_core_s"]["busy"], cpu["capacity_core_s"]
-    lines = [f"  cpu: {busy:.0f} busy core-s of {capacity:.0f} ({busy / capacity:.0%}; steal "
-             f"{cpu['machine_core_s']['steal']:.0f}, iowait {cpu['machine_core_s']['iowait']:.0f}); the bar's "
-             f"{BAR_S} s x {cpu['cores']} cores = {BAR_S * cpu['cores']} core-s: busy / that "
-             f"{busy / (BAR_S * cpu['cores']):.2f}x; attributed {cpu['attributed_core_s']:.0f}"]
-    lines += [f"    {place['core_s']:7.1f} core-s {place['processes']:4d} processes  {where}"
+    busy, capacity = cpu["machine_core_s"]["busy"], max(cpu["capacity_core_s"], 0.1)
+    bar_capacity, ours = BAR_S * cpu["cores"], cpu["attributed_core_s"]
+    lines = [f"  cpu: the suite's processes {ours:.0f} core-s; the bar's {BAR_S} s x {cpu['cores']} cores = "
+             f"{bar_capacity} core-s: suite / that {ours / bar_capacity:.2f}x. Machine busy {busy:.0f} of "
+             f"{capacity:.0f} core-s ({busy / capacity:.0%}; steal {cpu['machine_core_s']['steal']:.0f}, "
+             f"iowait {cpu['machine_core_s']['iowait']:.0f}, unattributed {cpu['unattributed_core_s']:.0f})"]
+    if cpu.get("sample_errors"):
+        lines.append(f"  cpu sampling failed {len(cpu['sample_errors'])} times (undercounts): {cpu['sample_errors'][0]}")
+    lines += [f"    {place['core_s']:7.1f} core-s {place['processes']:4d} sampled processes  {where}"
               for where, place in list(cpu["by_where"].items())[:top]]
     return lines
 
@@ -120,12 +124,13 @@ def main(argv=None) -> int:
                 print(f"round {number} {mode:9}: {result['wall_s']} s wall, pytest {result['pytest_s']} s, "
                       f"{result['outcome']} [load {result['load'][0]} -> {result['load'][1]}]", flush=True)
             print("\n".join(cpu_lines(result["cpu"])), flush=True)
-            record.update(summary(record["runs"], modes))
+            # Rebuilt, not updated: a run that fails after others passed withdraws their summary.
+            record = {"provenance": record["provenance"], "runs": record["runs"], **summary(record["runs"], modes)}
             if args.json:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     if "median_wall_s" not in record:
-        print("no ratio: a run failed, or the two modes did not run the same tests", flush=True)
+        print("no summary: a run failed, or the runs did not all run the same tests", flush=True)
         return 1
     median = record["median_wall_s"]
     against = (f", on-demand {median['on-demand']} s; ahead / on-demand {record['ratio_ahead_over_on_demand']}x"

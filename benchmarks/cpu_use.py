@@ -4,18 +4,22 @@ A live NDIF stack daemonizes (Ray re-parents its workers), so a child's ``rusage
 suite spends. This reads the machine instead:
 
 - **the machine**: busy core-seconds from ``/proc/stat`` over the run (user, nice, system, irq, softirq;
-  steal and iowait apart), beside the capacity, wall seconds times cores;
+  steal and iowait apart), beside the capacity, wall seconds times cores. Busy counts everything the machine
+  ran, this bench's command or not;
 - **by where**: every process that is this bench's descendant or lives in one of the project's network
-  namespaces (``nnsr-*``: every process a stack starts, daemonized or not), its user + system time at the last
-  sample that saw it, summed by *where*: the namespace's name for a stack's processes, else the test module
-  whose test was running when the process started (``PYTEST_CURRENT_TEST``, inherited), else ``session``
-  (pytest itself, anything started outside a test); ``lane`` for the live-stack lane's own process and
-  what it starts outside a namespace (its session: the environment it inherited names the test that was
-  running when the session started it, not its jobs).
+  namespaces (``nnsr-*``: every process a stack starts, daemonized or not), the user + system time it spent
+  during the run (its time at the last sample that saw it, less its time when the run began), summed by
+  *where*: the namespace's name for a stack's processes (a process that enters a namespace after it starts,
+  as ``ip netns exec`` does, counts there once it has); ``lane`` for the live-stack lane's process and
+  everything it starts outside a namespace (the probe scripts and their clients; the fake lanes of
+  tests/test_stack_lane.py count here too); else the test module whose test was running when the process
+  started (``PYTEST_CURRENT_TEST``, inherited); else ``session`` (pytest itself, anything started outside a
+  test).
 
-Sampled every ``interval`` seconds, so it misses a process that lives less than that and the last interval
-of every other; ``unattributed`` is the machine's busy time minus what was attributed, which also holds
-anything else the machine ran. Linux only; stdlib only. It measures; it does not decide anything.
+Sampled every ``interval`` seconds and once more at the end, so it misses a process that lives less than an
+interval and the last interval of every other; ``unattributed`` is the machine's busy time less what was
+attributed: those misses, this sampler's own time, and anything else the machine ran. Linux only; stdlib
+only. It measures; it does not decide anything.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "nnsr-"
+LANE_SCRIPT = b"stack_lane.py"
 
 
 def machine_ticks() -> dict:
@@ -39,18 +44,18 @@ def machine_ticks() -> dict:
 
 
 def _stat(pid: str):
-    """(ppid, session, start time, utime + stime in ticks) of a live process, else None."""
+    """(ppid, start time, utime + stime in ticks) of a live process, else None."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return int(fields[1]), int(fields[3]), int(fields[19]), int(fields[11]) + int(fields[12])
+    return int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def _runs_the_lane(pid: int) -> bool:
     try:
-        return b"stack_lane.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return LANE_SCRIPT in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -73,14 +78,17 @@ class CpuUse:
         self.interval = interval
         self.root = os.getpid()
         # By (pid, start time): a run starts more processes than this kernel has pids (32,768 here).
-        self.where = {}  # process -> where it counts, fixed at first sight (None: not ours)
+        self.where = {}  # process -> where it counts (None: not ours)
+        self.base = {}  # process -> its ticks when the run began (processes alive then)
         self.ticks = {}  # process -> its last sampled ticks
-        self.netns = {}  # namespace inode -> name
-        self.lanes = {}  # session id -> whether its leader is the live-stack lane
+        self.netns = {}  # namespace inode -> name, as of _netns_mtime
+        self._netns_mtime = None
+        self.errors = []  # what broke a sample: a record with errors undercounts
         self._stop = threading.Event()
 
     def __enter__(self):
         self.started, self.before = time.monotonic(), machine_ticks()
+        self.base = {(pid, start): ticks for pid, (_, start, ticks) in self._live().items()}
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -88,18 +96,37 @@ class CpuUse:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._sample_or_note()
         self.wall, self.after = time.monotonic() - self.started, machine_ticks()
 
     def _loop(self):
         while not self._stop.wait(self.interval):
+            self._sample_or_note()
+
+    def _sample_or_note(self):
+        try:
             self.sample()
+        except Exception as exc:  # a sampler that dies silently would report a run as cheaper than it was
+            self.errors.append(repr(exc))
+
+    def _live(self) -> dict:
+        live = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) != self.root:
+                stat = _stat(entry.name)
+                if stat:
+                    live[entry.name] = stat
+        return live
 
     def _namespace(self, pid: str):
+        """The ``nnsr-*`` namespace ``pid`` lives in, else None."""
         try:
             inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+            mtime = NETNS_DIR.stat().st_mtime_ns
         except OSError:
             return None
-        if inode not in self.netns:
+        if mtime != self._netns_mtime:  # a stack came up or went down: read the names again
+            self._netns_mtime, self.netns = mtime, {}
             for path in NETNS_DIR.glob(NETNS_PREFIX + "*"):
                 try:
                     self.netns[path.stat().st_ino] = path.name
@@ -107,32 +134,32 @@ class CpuUse:
                     continue
         return self.netns.get(inode)
 
-    def _first_sight(self, pid: str, session: int, parents: dict):
+    def _first_sight(self, pid: str, parents: dict):
+        """Where a process newly seen counts: by its namespace, else by its ancestry, else None."""
         namespace = self._namespace(pid)
         if namespace:
             return f"stack {namespace}"
-        if session not in self.lanes:
-            self.lanes[session] = _runs_the_lane(session)
-        ancestor, seen = int(pid), set()
+        ancestor, seen, lane = int(pid), set(), False
         while ancestor > 1 and ancestor not in seen:
             if ancestor == self.root:
-                return "lane" if self.lanes[session] else _test_module(pid)
+                return "lane" if lane else _test_module(pid)
             seen.add(ancestor)
+            lane = lane or _runs_the_lane(ancestor)
             ancestor = parents.get(ancestor, 0)
         return None
 
     def sample(self):
-        live = {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and int(entry.name) != self.root:
-                stat = _stat(entry.name)
-                if stat:
-                    live[entry.name] = stat
+        live = self._live()
         parents = {int(pid): ppid for pid, (ppid, *_) in live.items()}
-        for pid, (_, session, start, ticks) in live.items():
+        for pid, (_, start, ticks) in live.items():
             process = (pid, start)
             if process not in self.where:
-                self.where[process] = self._first_sight(pid, session, parents)
+                self.where[process] = self._first_sight(pid, parents)
+            elif not str(self.where[process]).startswith("stack "):
+                # `ip netns exec` enters the namespace after the process starts; look again.
+                namespace = self._namespace(pid)
+                if namespace:
+                    self.where[process] = f"stack {namespace}"
             if self.where[process] is not None:
                 self.ticks[process] = ticks
 
@@ -140,7 +167,7 @@ class CpuUse:
         """Core-seconds by where (largest first), the machine's, and what sampling could not attribute."""
         by_where, processes = defaultdict(int), defaultdict(int)
         for process, ticks in self.ticks.items():
-            by_where[self.where[process]] += ticks
+            by_where[self.where[process]] += ticks - self.base.get(process, 0)
             processes[self.where[process]] += 1
         machine = {k: round((self.after[k] - self.before[k]) / TICK, 1) for k in self.after}
         attributed = sum(by_where.values()) / TICK
@@ -150,4 +177,4 @@ class CpuUse:
                 "unattributed_core_s": round(machine["busy"] - attributed, 1),
                 "by_where": {where: {"core_s": round(ticks / TICK, 1), "processes": processes[where]}
                              for where, ticks in sorted(by_where.items(), key=lambda kv: -kv[1])},
-                "interval_s": self.interval}
+                "interval_s": self.interval, "sample_errors": self.errors}
