@@ -173,6 +173,16 @@ def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_nam
     assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
+def test_the_probes_a_flavour_changes_are_those_declaring_an_outcome_for_it_or_for_a_package_it_installs():
+    from nnsight_repro.ndif.feasibility import declarations
+
+    probes = declarations.load_probes(PROBES)
+    for flavour in ("multimolecule", "multimolecule-patched"):
+        changed = [p["id"] for p in probes if declarations.depends_on_flavours(p, (flavour,))]
+        assert changed == list(MULTIMOLECULE_PROBES), flavour
+    assert not [p["id"] for p in probes if declarations.depends_on_flavours(p, ())]
+
+
 def test_a_flavour_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
     from nnsight_repro.ndif.feasibility import declarations
 
@@ -339,6 +349,26 @@ def test_unknown_client_line_on_the_command_line_is_refused(tmp_path):
     assert ("unknown client line(s) nightly; client lines: main, patched, patched-client-only, upstream-0.8"
             in result.stderr)
     assert records(tmp_path, "refused-")
+
+
+def test_probe_option_runs_only_the_probes_it_names(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = run_script("--probe", "splicebert-masked-lm,catalogue", "--line", "upstream-0.8", "--host", url,
+                        out=tmp_path)
+    assert result.returncode == 1, result.stderr
+    (record,) = records(tmp_path, "upstream-0.8-2")
+    assert [p["id"] for p in record["probes"]] == ["catalogue", "splicebert-masked-lm"]  # the file's order
+    assert record["provenance"]["details"]["probes_chosen"] == "splicebert-masked-lm,catalogue"
+
+
+def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_path):
+    result = run_script("--probe", "bert-masked-lm,gpt5", "--host", f"http://127.0.0.1:{closed_port()}",
+                        out=tmp_path)
+    assert result.returncode == 2
+    assert "unknown probe id(s) gpt5; the probe file declares: catalogue, gpt2-decoder-control" in result.stderr
+    (refusal,) = records(tmp_path, "refused-")
+    assert refusal["provenance"]["details"]["probes_chosen"] == "bert-masked-lm,gpt5"
+    assert not list(tmp_path.glob("upstream-0.8-*"))
 
 
 # The 0.7 client lines against the 0.7 stack (ndif 0.0.1), stock and patched server -----------------

@@ -145,22 +145,43 @@ def validate_expect_with(name: str, expect_with) -> None:
             validate_expectation(f"{name} expect_with.{flavour}.{client_line}", value)
 
 
-def expectation(probe: dict, client_line: str, flavours=()):
-    """What ``probe`` expects of ``client_line`` against a server with the packages of ``flavours``: a
-    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``.
-
-    A flavour with no entry of its own takes the entry named after a package it installs: the probes
-    declare what a server with the package does, and ``multimolecule-patched`` has multimolecule too.
-    """
+def _flavour_entry(probe: dict, flavour: str) -> dict:
+    """``probe``'s ``expect_with`` entry for ``flavour``: its own, else the one named after a package it
+    installs (the probes declare what a server with the package does, and ``multimolecule-patched`` has
+    multimolecule too), else none."""
     from nnsight_repro.ndif import server_packages
 
     declared = probe.get("expect_with", {})
+    packages = server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
+    return declared.get(flavour) or next((declared[m] for m in packages if m in declared), {})
+
+
+def expectation(probe: dict, client_line: str, flavours=()):
+    """What ``probe`` expects of ``client_line`` against a server with the packages of ``flavours``: a
+    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``."""
     expected = probe["expect"][client_line]
     for flavour in flavours:
-        packages = server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
-        entry = declared.get(flavour) or next((declared[m] for m in packages if m in declared), {})
-        expected = entry.get(client_line, expected)
+        expected = _flavour_entry(probe, flavour).get(client_line, expected)
     return expected
+
+
+def depends_on_flavours(probe: dict, flavours) -> bool:
+    """Whether ``probe`` declares an outcome of its own for a server with one of ``flavours``: the probes
+    whose run against such a server tells something a run against a plain server of the same line does not.
+    An entry counts for every client line, also those it leaves to ``expect`` (that the stock 0.7.0 client
+    still fails there is what the flavour's run shows of it)."""
+    return any(_flavour_entry(probe, flavour) for flavour in flavours)
+
+
+def select(probes: List[dict], text: str) -> List[dict]:
+    """The probes named in ``text`` (comma-separated ids), in the file's order; an unknown id is refused."""
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    known = [probe["id"] for probe in probes]
+    unknown = [c for c in chosen if c not in known]
+    if unknown or not chosen:
+        raise ProbeFileError(f"unknown probe id(s) {', '.join(unknown) or '(none given)'}; "
+                             f"the probe file declares: {', '.join(known)}")
+    return [probe for probe in probes if probe["id"] in chosen]
 
 
 def validate_trace(name: str, probe: dict) -> None:

@@ -3,12 +3,13 @@ and writes one JSON (+ markdown) per client line.
 
 ``scripts/ndif_feasibility/probe_ndif.py`` is its command line:
 
-    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line main,patched,...]
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--probe ID,...] [--line main,patched,...]
                                                    [--with multimolecule] [--host URL] [--out DIR]
 
 The probes (``scripts/ndif_feasibility/probes.toml`` by default) are validated by :mod:`.declarations`
 before any request: an unknown field, a missing one, an expectation that contradicts itself or names an
-unknown client line, is an error and exit code 2. Then, per client line, the probes run in that line's
+unknown client line, is an error and exit code 2. ``--probe`` runs only the probes it names (an id the file
+does not declare is refused the same way). Then, per client line, the probes run in that line's
 environment (:mod:`.client`, inside the stack's namespace for the local NDIF), one live status line per
 probe; every observation is compared with the probe's expectation for that line, a final table printed,
 and one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
@@ -49,7 +50,7 @@ from typing import Dict, List, Optional, Tuple
 
 from nnsight_repro import ROOT, channel, envs, fsutil, provenance
 from .declarations import (CLIENT_LINES, ProbeFileError, describe, expectation, headline, load_probes, matches,
-                           parse_lines, server_generation)
+                           parse_lines, select, server_generation)
 
 DEFAULT_PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
@@ -264,6 +265,8 @@ def markdown(record: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="probe_ndif.py", description="Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.")
     parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
+    parser.add_argument("--probe", metavar="ID,...", help="only these probes of the file, comma-separated ids "
+                                                          "(default: every probe)")
     parser.add_argument("--line", default=",".join(CLIENT_LINES),
                         help=f"client line(s), comma-separated (default: all): {', '.join(CLIENT_LINES)}")
     parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
@@ -283,7 +286,8 @@ def main(argv=None) -> int:
         print(f"probe_ndif: error: {message}", file=sys.stderr)
         fsutil.write_text(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
             {"refused": message, "exit_code": code,
-             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line})},
+             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line,
+                                                               "probes_chosen": args.probe or "all"})},
             indent=1) + "\n")
         return code
 
@@ -292,6 +296,8 @@ def main(argv=None) -> int:
     try:
         chosen = parse_lines(args.line)
         probes = load_probes(args.probes)
+        if args.probe is not None:
+            probes = select(probes, args.probe)
         extras = tuple(f.name for f in server_packages.flavours(args.extras))
     except (ProbeFileError, server_packages.FlavourError) as exc:
         return refuse(str(exc), EXIT_BAD_INPUT)
@@ -340,7 +346,7 @@ def main(argv=None) -> int:
                             "flavours": list(extras),
                             # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
                             "local": local_server(host)},
-                    details={"probe_file": str(args.probes)}),
+                    details={"probe_file": str(args.probes), "probes_chosen": args.probe or "all"}),
             }
             target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
