@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -86,7 +87,8 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
     """The negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does,
     on the stock flavour a user's ``__main__`` Envoy subclass from the stock and the fixed client
     (``envoy_subclass_cases.run_live``), and the probe script's client lines served by
-    ``stack_args["server"]``, all while one cold 0.7 stack of that flavour runs; the stack is down on
+    ``stack_args["server"]``, all while one cold 0.7 stack of that flavour runs, and on the patched flavour,
+    last, its API killed (:func:`kill_the_api`); the stack is down on
     return, so a session that asks both flavours starts exactly two 0.7 stacks, one after the other."""
     from envoy_subclass_cases import run_live
     from nnsight_repro.ndif import config, negative_control, netns, stack
@@ -107,8 +109,44 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
             (scratch / "envoy-subclass").mkdir()
             result["envoy_subclass"] = run_live(running.cfg, scratch / "envoy-subclass")
         result["probes"] = probe_script(running.cfg, scratch / "probes")
+        if server == "patched":
+            result["api_killed"] = kill_the_api(running.cfg)
     result["netns_left_after_down"] = netns.exists(result["netns"])
     return result
+
+
+def kill_the_api(cfg) -> dict:
+    """A stack whose API dies mid-run, on a stack the session has up anyway, last, since it breaks it: the API
+    killed whole (each service is a process group of its own: gunicorn's master, workers and the queue
+    dispatcher), then what ``status`` and a client that runs into the dead stack say, what ``down`` stopped,
+    and which of the services' processes still live after it (a failure of the client is recorded, so the
+    job's other results stand)."""
+    from nnsight_repro.ndif import netns, stack
+
+    started = {name: info["pid"] for name, info in stack.read_state(cfg)["services"].items()}
+    os.killpg(started["api"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while started["api"] in netns.pids(cfg.netns) and time.monotonic() < deadline:
+        time.sleep(0.1)  # SIGKILL is delivered asynchronously
+    found = {"started": started, "problems": stack.status(cfg)["problems"]}
+    try:
+        found["client"] = stack.run_client(cfg, ["trace:gpt2"])["trace:gpt2"]
+    except stack.StackError as exc:
+        found["client"] = {"raised": str(exc)}
+    found["down"] = stack.down(cfg, say=lambda m: None)
+    found["netns_left"] = netns.exists(cfg.netns)
+    found["alive_after_down"] = [pid for pid in started.values() if _alive(pid)]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, or anything but a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 #: A bound on one probe script run, past the silences its runner tolerates (``runner.NO_ANSWER_S`` each).
@@ -118,17 +156,23 @@ PROBE_SCRIPT_TIMEOUT_S = 1800
 def probe_script(cfg, out) -> dict:
     """``probe_ndif.py`` run as a user runs it (no ``NDIF_HOST``) for every client line the running stack
     of ``cfg`` serves: the script finds that healthy stack of its flavour and uses it as it is, so the
-    session starts no stack for the probes. Its records by client line, its output, and whether the
-    stack was still up after it."""
+    session starts no stack for the probes. On a flavoured stack, only the probes whose outcome the flavour
+    changes (``--probe``): the session's plain stack of the same line runs the others for the same client
+    lines and server nnsight. Its records by client line, its output, and whether the stack was still up
+    after it."""
     from nnsight_repro import ROOT
     from nnsight_repro.ndif import stack
-    from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
+    from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES, depends_on_flavours, load_probes
+    from nnsight_repro.ndif.feasibility.runner import DEFAULT_PROBES
 
     client_lines = [name for name, line in CLIENT_LINES.items() if line.stack == cfg.line and line.server == cfg.server]
     flavour = "".join(f"+{name}" for name in cfg.extras)
     out.mkdir()
     environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
     with_flags = [flag for name in cfg.extras for flag in ("--with", name)]
+    if cfg.extras:
+        chosen = [probe["id"] for probe in load_probes(DEFAULT_PROBES) if depends_on_flavours(probe, cfg.extras)]
+        with_flags += ["--probe", ",".join(chosen)]
     # Its own session, so a timeout kills the script's clients with it.
     with subprocess.Popen([sys.executable, str(ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"), *with_flags,
                            "--line", ",".join(client_lines), "--out", str(out)],
@@ -171,13 +215,58 @@ def _multimolecule_batch(stack_args: dict, scratch) -> dict:
     """:data:`CI_PANEL` through the same code as the panel command (:func:`nnsight_repro.ndif.panel.run_batch`):
     a cold stack of the line's multimolecule flavour (a folder and namespace of its own, so a plain stack of
     the line can stay up beside it), every pairing of the line, then, on the same stack, the probe script
-    with ``--with multimolecule`` (``result["while_up"]``, :func:`probe_script`); the stack is down again on
-    return."""
+    with ``--with multimolecule`` (``result["while_up"]["probes"]``, :func:`probe_script`) and, on 0.8, last,
+    the stack run out of memory (``result["while_up"]["out_of_memory"]``, :func:`run_out_of_memory`); the
+    stack is down again on return."""
     from nnsight_repro.ndif import panel
 
     (flavour,) = stack_args["extras"]
-    return panel.run_batch(stack_args["line"], CI_PANEL, 1, flavour=flavour,
-                           while_up=lambda cfg: probe_script(cfg, scratch / "probes"))
+    line = stack_args["line"]
+
+    def while_up(cfg) -> dict:
+        found = {"probes": probe_script(cfg, scratch / "probes")}
+        if line == "0.8":
+            found["out_of_memory"] = run_out_of_memory(cfg)
+        return found
+
+    return panel.run_batch(line, CI_PANEL, 1, flavour=flavour, while_up=while_up)
+
+
+#: The cap :func:`run_out_of_memory` sets: what the stack holds plus this, less than a model actor needs
+#: (some 650-780 MiB measured) and more than the running services need to go on.
+HEADROOM_MIB = 300
+#: The model it deploys into that cap: one that neither the batch nor the probes deploy.
+OUT_OF_MEMORY_MODEL = "rnafm"
+
+
+def run_out_of_memory(cfg) -> dict:
+    """Issue 16's bad input on a 0.8 stack the session has up anyway, last, since it breaks the stack: its
+    memory cgroup capped at what it holds plus :data:`HEADROOM_MIB`, one more model deployed, then the stack
+    brought down. What the deploy raised and after how long, and what ``down`` reported (or raised: recorded,
+    so the job's other results stand)."""
+    from nnsight_repro.ndif import memcg, netns, server_env, stack
+
+    group = stack.memory_group(cfg)
+    if group is None:
+        return {"no_cgroup": (stack.read_state(cfg) or {}).get("memory")}
+    record = {"model": OUT_OF_MEMORY_MODEL, "cgroup": str(group.path), "deploy_timeout_s": cfg.deploy_timeout,
+              "raised": None}
+    started = time.monotonic()
+    try:
+        record["limit_mib"] = memcg.counters(group)["anon_mib"] + HEADROOM_MIB
+        memcg.set_limit(group, record["limit_mib"])
+        env = server_env.ensure(build=False, line=cfg.line, extras=cfg.extras)
+        started = time.monotonic()
+        stack.deploy_models(cfg, env, stack.minted_keys(cfg, [OUT_OF_MEMORY_MODEL]))
+    except Exception as exc:
+        record.update(raised=type(exc).__name__, message=str(exc))
+    record["seconds"] = round(time.monotonic() - started, 1)
+    try:
+        record["down"] = stack.down(cfg, say=lambda m: None)
+    except stack.StackError as exc:
+        record["down_error"] = str(exc)
+    record["netns_left"], record["cgroup_left"] = netns.exists(cfg.netns), group.path.exists()
+    return record
 
 
 def _by_row(batch: dict) -> dict:

@@ -1,10 +1,10 @@
 """A stack that runs out of memory: its memory cgroup, the watch that names the cause, and one live stack made
-to run out (issue 16's bad input: reported as memory, and the stack comes down cleanly).
+to run out (issue 16's bad input: reported as memory, and the stack comes down cleanly): the session's 0.8
+multimolecule stack, last thing before it comes down (fixture ``ndif08_multimolecule``).
 
 The cgroup tests use real cgroups and tiny processes (root, as every stack test); the watch is fed counters.
 """
 
-import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from nnsight_repro import ROOT
-from nnsight_repro.ndif import config, memcg, netns, panel, server_env, stack
+from nnsight_repro.ndif import memcg, panel, stack
 
 ALLOCATE_200_MIB = "x = bytearray(200 * 1024 * 1024)"
 
@@ -160,32 +160,17 @@ def test_up_refuses_a_memory_limit_that_is_not_a_positive_number_of_mib_before_s
     assert result.returncode == 2 and "memory limit 0 is not a positive number of MiB" in result.stderr, result.stderr
 
 
-#: The cap the live test sets: the services' own memory plus this, less than a model actor needs (some 650-780
-#: MiB measured) and more than the services need to keep running.
-HEADROOM_MIB = 300
-
-
 def test_a_model_that_runs_the_stack_out_of_memory_is_reported_as_memory_and_the_stack_comes_down_cleanly(
-        tmp_path_factory):
-    # A stack of its own (its own folder, so namespace and cgroup): what it is made to do breaks it.
-    cfg = config.default(folder=tmp_path_factory.mktemp("oom-stack"), line="0.8", extras=("multimolecule",))
-    env = server_env.ensure(line="0.8", extras=cfg.extras)
-    stack.up(cfg, models=[], say=lambda m: None)
-    try:
-        group = stack.memory_group(cfg)
-        assert group is not None, f"the stack came up without a memory cgroup: {stack.read_state(cfg)['memory']}"
-        services = memcg.counters(group)
-        memcg.set_limit(group, services["anon_mib"] + HEADROOM_MIB)
-        started = time.monotonic()
-        with pytest.raises(stack.OutOfMemory) as raised:
-            stack.deploy_models(cfg, env, stack.minted_keys(cfg, ["rnabert"]))
-        seconds = time.monotonic() - started
-    finally:
-        down = stack.down(cfg, say=lambda m: None)
-        shutil.rmtree(cfg.ray_temp, ignore_errors=True)  # outside the folder: a short path (Ray's sockets)
-    message = str(raised.value)
-    assert message.startswith("The stack ran out of memory while deploying rnabert: "), message
-    assert f"its memory limit is {services['anon_mib'] + HEADROOM_MIB} MiB" in message, message
-    assert seconds < cfg.deploy_timeout, seconds  # named, not waited out
-    assert down["deleted_netns"] and down["removed_cgroup"] == str(group.path), down
-    assert not netns.exists(cfg.netns) and not group.path.exists()
+        ndif08_multimolecule):
+    # Done last on the session's 0.8 multimolecule stack (tests/ndif_fixture.py run_out_of_memory): what it is
+    # made to do breaks that stack, so nothing else runs on it after.
+    found = ndif08_multimolecule["while_up"]["out_of_memory"]
+    assert "no_cgroup" not in found, f"the stack came up without a memory cgroup: {found}"
+    message = found.get("message", "")
+    assert found["raised"] == "OutOfMemory", found
+    assert message.startswith(f"The stack ran out of memory while deploying {found['model']}: "), message
+    assert f"its memory limit is {found['limit_mib']} MiB" in message, message
+    assert found["seconds"] < found["deploy_timeout_s"], found  # named, not waited out
+    assert "down_error" not in found, found
+    assert found["down"]["deleted_netns"] and found["down"]["removed_cgroup"] == found["cgroup"], found
+    assert not found["netns_left"] and not found["cgroup_left"], found

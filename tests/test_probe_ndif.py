@@ -124,7 +124,7 @@ def flavoured_probe_run(ndif07_multimolecule, ndif08_multimolecule):
     """The real probes with ``--with multimolecule``, run by the session's multimolecule stacks while they
     are up (tests/ndif_fixture.py ``probe_script``): the script finds each healthy stack of its flavour and
     uses it as it is. Their two runs, and the records by client line."""
-    runs = [ndif07_multimolecule["while_up"], ndif08_multimolecule["while_up"]]
+    runs = [ndif07_multimolecule["while_up"]["probes"], ndif08_multimolecule["while_up"]["probes"]]
     by_line = {line: found for run in runs for line, found in run["records"].items()}
     return runs, by_line
 
@@ -135,6 +135,13 @@ def test_the_probe_runs_on_the_multimolecule_flavour_cover_its_client_lines_and_
     for run in runs:
         assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
         assert run["stack_still_up"], run["stdout"][-3000:]
+
+
+def test_a_flavoured_stack_runs_only_the_probes_whose_outcome_its_flavour_changes(flavoured_probe_run):
+    _, by_line = flavoured_probe_run
+    for line, (record,) in by_line.items():
+        assert [p["id"] for p in record["probes"]] == list(MULTIMOLECULE_PROBES), line
+        assert record["provenance"]["details"]["probes_chosen"] == ",".join(MULTIMOLECULE_PROBES), line
 
 
 def test_every_probe_observation_matches_its_declaration_on_the_multimolecule_flavour(flavoured_probe_run):

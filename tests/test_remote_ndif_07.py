@@ -189,6 +189,19 @@ def test_second_up_while_a_07_stack_runs_is_refused_naming_it(stock_server):
     assert stock_server["healthy_after_second_up"]
 
 
+def test_stack_whose_api_dies_mid_run_is_reported_and_down_cleans_up(patched_server):
+    # Done last on the session's patched 0.7 stack (tests/ndif_fixture.py kill_the_api): it breaks that stack.
+    found = patched_server["api_killed"]
+    api = found["started"]["api"]
+    assert any(p.startswith(f"api (pid {api}) is not running") for p in found["problems"]), found["problems"]
+    # A client that runs into the dead stack is told which service died, not only "connection refused".
+    assert found["client"].get("ok") is False, found["client"]
+    assert any(p.startswith(f"api (pid {api})") for p in found["client"]["stack_problems"]), found["client"]
+    assert found["down"]["deleted_netns"] and not found["netns_left"], found["down"]
+    assert set(found["started"].values()) - {api} <= set(found["down"]["killed"]), found
+    assert found["alive_after_down"] == [], found
+
+
 def test_07_stack_settings_that_cannot_work_are_refused_before_anything_starts():
     folder = Path("/tmp/nnsr-unused")
     with pytest.raises(config.ConfigError, match="gpus must be at least 4 for the 0.7 stack"):
