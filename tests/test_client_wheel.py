@@ -9,7 +9,6 @@ and every outcome must be the one predicted for a fixed nnsight.
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

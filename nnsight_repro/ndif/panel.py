@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional
 
 from .. import ROOT, envs, fsutil, provenance
 from .. import models as panel_models
-from . import config, deploy, memcg, negative_control, netns, server_env, server_packages, stack
+from . import config, deploy, memcg, netns, server_env, server_packages, stack
 
 #: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
 FLAVOURS = tuple(name for name, f in server_packages.FLAVOURS.items() if "multimolecule" in f.imports)

@@ -42,7 +42,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict
 
 from .. import envs, fsutil, series
 from . import server_packages
