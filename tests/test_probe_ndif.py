@@ -114,6 +114,9 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
 # The multimolecule flavour: the RNA probes observe a remote trace ------------------------------------
 
 MULTIMOLECULE_PROBES = ("rnabert-masked-lm", "splicebert-masked-lm")
+#: What a multimolecule stack's probe run sends (declarations.depends_on_flavours), in the file's order: the
+#: RNA probes, and the env probe, which compares multimolecule too.
+FLAVOUR_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
 #: The client lines run against each line's multimolecule stack: the stock 0.7 server's two and 0.8's
 #: (the patched 0.7 server would be a third cold stack; its plain pairing is tested below).
 FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
@@ -121,10 +124,11 @@ FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
 
 @pytest.fixture(scope="module")
 def flavoured_probe_run(ndif07_multimolecule, ndif08_multimolecule):
-    """The real probes with ``--with multimolecule``, run by the session's multimolecule stacks while they
-    are up (tests/ndif_fixture.py ``probe_script``): the script finds each healthy stack of its flavour and
-    uses it as it is. Their two runs, and the records by client line."""
-    runs = [ndif07_multimolecule["while_up"]["probes"], ndif08_multimolecule["while_up"]["probes"]]
+    """The real probes whose outcome the flavour changes, with ``--with multimolecule``, run by the session's
+    multimolecule stacks while they are up (tests/ndif_fixture.py ``probe_script``): the script finds each
+    healthy stack of its flavour and uses it as it is. Their two runs, and the records by client line."""
+    runs = [(batch["while_up"] or {}).get("probes") for batch in (ndif07_multimolecule, ndif08_multimolecule)]
+    assert all(runs), [batch["rows"][0] for batch in (ndif07_multimolecule, ndif08_multimolecule)]
     by_line = {line: found for run in runs for line, found in run["records"].items()}
     return runs, by_line
 
@@ -140,11 +144,11 @@ def test_the_probe_runs_on_the_multimolecule_flavour_cover_its_client_lines_and_
 def test_a_flavoured_stack_runs_only_the_probes_whose_outcome_its_flavour_changes(flavoured_probe_run):
     _, by_line = flavoured_probe_run
     for line, (record,) in by_line.items():
-        assert [p["id"] for p in record["probes"]] == list(MULTIMOLECULE_PROBES), line
-        assert record["provenance"]["details"]["probes_chosen"] == ",".join(MULTIMOLECULE_PROBES), line
+        assert [p["id"] for p in record["probes"]] == list(FLAVOUR_CHANGES), line
+        assert record["provenance"]["details"]["probe_option"] == ",".join(FLAVOUR_CHANGES), line
 
 
-def test_every_probe_observation_matches_its_declaration_on_the_multimolecule_flavour(flavoured_probe_run):
+def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(flavoured_probe_run):
     _, by_line = flavoured_probe_run
     for line, found in by_line.items():
         (record,) = found
@@ -180,13 +184,13 @@ def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_nam
     assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
-def test_the_probes_a_flavour_changes_are_those_declaring_an_outcome_for_it_or_for_a_package_it_installs():
+def test_the_probes_a_flavour_changes_declare_an_outcome_for_it_or_name_a_package_it_installs():
     from nnsight_repro.ndif.feasibility import declarations
 
     probes = declarations.load_probes(PROBES)
     for flavour in ("multimolecule", "multimolecule-patched"):
         changed = [p["id"] for p in probes if declarations.depends_on_flavours(p, (flavour,))]
-        assert changed == list(MULTIMOLECULE_PROBES), flavour
+        assert changed == list(FLAVOUR_CHANGES), flavour
     assert not [p["id"] for p in probes if declarations.depends_on_flavours(p, ())]
 
 
@@ -365,7 +369,7 @@ def test_probe_option_runs_only_the_probes_it_names(tmp_path):
     assert result.returncode == 1, result.stderr
     (record,) = records(tmp_path, "upstream-0.8-2")
     assert [p["id"] for p in record["probes"]] == ["catalogue", "splicebert-masked-lm"]  # the file's order
-    assert record["provenance"]["details"]["probes_chosen"] == "splicebert-masked-lm,catalogue"
+    assert record["provenance"]["details"]["probe_option"] == "splicebert-masked-lm,catalogue"
 
 
 def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_path):
@@ -374,7 +378,7 @@ def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_
     assert result.returncode == 2
     assert "unknown probe id(s) gpt5; the probe file declares: catalogue, gpt2-decoder-control" in result.stderr
     (refusal,) = records(tmp_path, "refused-")
-    assert refusal["provenance"]["details"]["probes_chosen"] == "bert-masked-lm,gpt5"
+    assert refusal["provenance"]["details"]["probe_option"] == "bert-masked-lm,gpt5"
     assert not list(tmp_path.glob("upstream-0.8-*"))
 
 

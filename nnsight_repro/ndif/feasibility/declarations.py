@@ -145,15 +145,18 @@ def validate_expect_with(name: str, expect_with) -> None:
             validate_expectation(f"{name} expect_with.{flavour}.{client_line}", value)
 
 
+def _installs(flavour: str) -> tuple:
+    from nnsight_repro.ndif import server_packages
+
+    return server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
+
+
 def _flavour_entry(probe: dict, flavour: str) -> dict:
     """``probe``'s ``expect_with`` entry for ``flavour``: its own, else the one named after a package it
     installs (the probes declare what a server with the package does, and ``multimolecule-patched`` has
     multimolecule too), else none."""
-    from nnsight_repro.ndif import server_packages
-
     declared = probe.get("expect_with", {})
-    packages = server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
-    return declared.get(flavour) or next((declared[m] for m in packages if m in declared), {})
+    return declared.get(flavour) or next((declared[m] for m in _installs(flavour) if m in declared), {})
 
 
 def expectation(probe: dict, client_line: str, flavours=()):
@@ -166,11 +169,17 @@ def expectation(probe: dict, client_line: str, flavours=()):
 
 
 def depends_on_flavours(probe: dict, flavours) -> bool:
-    """Whether ``probe`` declares an outcome of its own for a server with one of ``flavours``: the probes
-    whose run against such a server tells something a run against a plain server of the same line does not.
-    An entry counts for every client line, also those it leaves to ``expect`` (that the stock 0.7.0 client
-    still fails there is what the flavour's run shows of it)."""
-    return any(_flavour_entry(probe, flavour) for flavour in flavours)
+    """Whether a run of ``probe`` against a server with one of ``flavours`` tells something a run against a
+    plain server of the same line does not: it declares an outcome of its own for the flavour (an entry
+    counts for every client line, also those it leaves to ``expect``: that the stock 0.7.0 client still
+    fails there is what the flavour's run shows of it), or it names a package the flavour installs (what a
+    trace ``requires``, what an env probe compares: the flavour's server has that package, a plain one not).
+
+    Deliberately not counted: a probe that declares the same outcome everywhere and names none of the
+    flavour's packages, although the flavour's server imports those packages in every process that builds
+    a model; an encoder traced there is left to whatever else runs on that server."""
+    named = set(probe.get("requires", [])) | set(probe.get("packages", []))
+    return any(_flavour_entry(probe, flavour) or named & set(_installs(flavour)) for flavour in flavours)
 
 
 def select(probes: List[dict], text: str) -> List[dict]:

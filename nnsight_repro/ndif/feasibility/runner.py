@@ -287,7 +287,7 @@ def main(argv=None) -> int:
         fsutil.write_text(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
             {"refused": message, "exit_code": code,
              "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line,
-                                                               "probes_chosen": args.probe or "all"})},
+                                                               "probe_option": args.probe})},
             indent=1) + "\n")
         return code
 
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                             "flavours": list(extras),
                             # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
                             "local": local_server(host)},
-                    details={"probe_file": str(args.probes), "probes_chosen": args.probe or "all"}),
+                    details={"probe_file": str(args.probes), "probe_option": args.probe}),
             }
             target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
