@@ -289,6 +289,7 @@ def test_multimolecule_flavour_builds_in_its_own_environment_and_leaves_nothing(
     env = str(server_env.path("0.8", ("multimolecule",))) + "/"
     assert all(b["nnsight_file"].startswith(env) for b in built), built
     assert ndif08_multimolecule["memory"]["stack_rss_mib"] > 0
+    assert "down_error" not in ndif08_multimolecule, ndif08_multimolecule["down_error"]
     assert not ndif08_multimolecule["netns_left_after_down"]
     # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
     assert ndif08_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif08_multimolecule["memory"]

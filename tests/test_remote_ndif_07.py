@@ -192,11 +192,12 @@ def test_second_up_while_a_07_stack_runs_is_refused_naming_it(stock_server):
 def test_stack_whose_api_dies_mid_run_is_reported_and_down_cleans_up(patched_server):
     # Done last on the session's patched 0.7 stack (tests/ndif_fixture.py kill_the_api): it breaks that stack.
     found = patched_server["api_killed"]
+    assert "raised" not in found, found["raised"]
     api = found["started"]["api"]
     assert any(p.startswith(f"api (pid {api}) is not running") for p in found["problems"]), found["problems"]
     # A client that runs into the dead stack is told which service died, not only "connection refused".
     assert found["client"].get("ok") is False, found["client"]
-    assert any(p.startswith(f"api (pid {api})") for p in found["client"]["stack_problems"]), found["client"]
+    assert any(p.startswith(f"api (pid {api})") for p in found["client"].get("stack_problems", [])), found["client"]
     assert found["down"]["deleted_netns"] and not found["netns_left"], found["down"]
     assert set(found["started"].values()) - {api} <= set(found["down"]["killed"]), found
     assert found["alive_after_down"] == [], found
@@ -331,6 +332,7 @@ def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing
     env = str(cache_dir() / "envs" / "ndif-server-0.7+multimolecule") + "/"
     built = ndif07_multimolecule["built"]
     assert built and all(b["nnsight_file"].startswith(env) for b in built), built
+    assert "down_error" not in ndif07_multimolecule, ndif07_multimolecule["down_error"]
     assert not ndif07_multimolecule["netns_left_after_down"]
     # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
     assert ndif07_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif07_multimolecule["memory"]

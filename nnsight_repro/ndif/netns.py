@@ -65,7 +65,8 @@ def interfaces(name: str) -> List[str]:
     return [line.split(":")[1].strip().split("@")[0] for line in result.stdout.splitlines() if ":" in line]
 
 
-def _zombie(pid: int) -> bool:
+def exited(pid: int) -> bool:
+    """Gone, or a zombie: it has exited and only waits for its parent to reap it."""
     try:
         # /proc/PID/stat: "pid (comm) state ..."; comm may contain spaces, so split after its ")".
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
@@ -82,7 +83,7 @@ def pids(name: str) -> List[int]:
     if not exists(name):
         return []
     result = _ip("netns", "pids", name, check=False)
-    return [int(p) for p in result.stdout.split() if p.isdigit() and not _zombie(int(p))]
+    return [int(p) for p in result.stdout.split() if p.isdigit() and not exited(int(p))]
 
 
 def kill_all(name: str, grace: float = 10.0) -> List[int]:

@@ -232,12 +232,14 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
               while_up: Optional[Callable[[config.StackConfig], object]] = None,
               memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
     """One cold stack of ``line`` (server ``flavour``): ``names`` deployed on demand and traced by every
-    pairing's client; the stack is down again on return, also after a failure. ``memory_limit_mib`` caps the
-    stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
+    pairing's client; the stack is down again on return, also after a failure (a ``down`` that fails is the
+    result's ``down_error``: the batch's measurements stand). ``memory_limit_mib`` caps the stack's memory
+    (:attr:`config.StackConfig.memory_limit_mib`).
 
     ``while_up``, if given, is called with the stack's config once the batch is measured and before the
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
-    probe script on the same cold stack instead of bringing up one more.
+    probe script and the checks that break a stack on the same cold stack instead of bringing up more; one
+    that brings the stack down itself may (``down`` is idempotent).
     """
     cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
     group = None
@@ -246,6 +248,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         stack.down(cfg)
     deploy_failures: Dict[str, str] = {}
     by_client: Dict[str, Dict[str, dict]] = {}
+    down_error = None
     started = time.monotonic()
     try:
         state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
@@ -296,7 +299,11 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
             by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
                                           for case in cases(names, line)})
     finally:
-        stack.down(cfg, say=lambda m: None)
+        try:
+            stack.down(cfg, say=lambda m: None)
+        except (stack.StackError, netns.NetnsError) as exc:
+            down_error = str(exc)
+            say(f"batch {number}: the stack did not come down: {exc}")
     built = {b["model_key"]: b["module_class"] for b in built_records}
     rows = [row for name in names for client, role in PAIRINGS[line]
             for row in _records(name, client, role, line, by_client.get(client, {}), built,
@@ -304,7 +311,8 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
             "stack_timings": timings, "built": built_records, "rows": rows,
             "netns_left_after_down": netns.exists(cfg.netns),
-            "cgroup_left_after_down": bool(group and group.path.exists()), **({"while_up": also} if while_up else {})}
+            "cgroup_left_after_down": bool(group and group.path.exists()), **({"while_up": also} if while_up else {}),
+            **({"down_error": down_error} if down_error else {})}
 
 
 def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say,
