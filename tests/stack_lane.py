@@ -31,6 +31,7 @@ which job had started and sent nothing, and the session says how to bring that j
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -49,6 +50,8 @@ ROOT = HERE.parent
 MODES = ("ahead", "on-demand")
 #: Seconds :meth:`Lane.stop` waits for a lane it interrupted to bring its stack down before killing it.
 STOP_GRACE_S = 300
+#: Seconds :meth:`Lane.stop` gives a lane that has sent every job's record to exit by itself.
+EXITING_S = 30
 #: Linux's prctl option that sends this process a signal when its parent dies.
 PR_SET_PDEATHSIG = 1
 
@@ -158,6 +161,11 @@ class Lane:
         """Interrupt whatever lane still runs (a session that ended early), wait for it to bring its stack
         down, and bring down what it could not."""
         lanes = [stream for stream in dict.fromkeys(self.streams.values()) if stream not in self.closed]
+        for stream in lanes:
+            if stream.poll() is None and self._sent_everything(stream):
+                # Its last record can arrive before the process has exited: it is ending, not to be interrupted.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    stream.process.wait(EXITING_S)
         running = [stream for stream in lanes if stream.poll() is None]
         try:
             if running:
@@ -179,6 +187,9 @@ class Lane:
                 self.closed.add(stream)
             for stream in lanes:
                 self._bring_down_unfinished(stream)
+
+    def _sent_everything(self, stream) -> bool:
+        return all(job in self.records for job, s in self.streams.items() if s is stream)
 
     def _bring_down_unfinished(self, stream) -> None:
         """Bring down the stack of each job of ``stream`` that started and returned no result: the lane was

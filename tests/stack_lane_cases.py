@@ -6,6 +6,7 @@ environment, run until it is interrupted (its ``finally`` standing for bringing 
 
 import os
 import signal
+import threading
 import time
 
 
@@ -28,6 +29,12 @@ def _takes_a_moment(folder):
     (folder / "ended").write_text(repr(time.time()))
 
 
+def _leaves_a_thread_running(folder):
+    # Not a daemon: the lane's interpreter waits for it after its last record, as it may for a stack's threads.
+    threading.Thread(target=time.sleep, args=(3,)).start()
+    return "sent"
+
+
 def _dies(folder):
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -41,4 +48,5 @@ JOBS = {
     "takes a moment": _takes_a_moment,
     "clock": lambda folder: time.time(),
     "dies": _dies,
+    "leaves a thread running": _leaves_a_thread_running,
 }

@@ -88,6 +88,18 @@ def test_stop_interrupts_a_running_job_through_its_finally_and_the_session_makes
     assert brought_down == [SLOW]  # and not "first", which never started
 
 
+def test_stop_lets_a_lane_that_sent_every_record_exit_by_itself(tmp_path, brought_down):
+    said = []
+    running = stack_lane.Lane(tmp_path, CASES, bring_down=brought_down.append, say=said.append)
+    running.start(["leaves a thread running"])
+    assert running.result("leaves a thread running") == "sent"
+    (stream,) = set(running.streams.values())
+    assert stream.poll() is None  # still exiting: the thread outlives the last record
+    running.stop()
+    assert said == [] and brought_down == []
+    assert stream.process.returncode == 0
+
+
 def test_a_second_sigterm_does_not_cut_the_bringing_down_short(lane):
     lane.start([SLOW])
     (stream,) = set(lane.streams.values())
