@@ -29,7 +29,6 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -77,13 +76,6 @@ def cpu_lines(cpu: dict, top: int = 12) -> list:
     return lines
 
 
-def commit() -> str:
-    """HEAD, with ``-dirty`` when the work tree differs from it (then the commit does not name what ran)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    return head + ("-dirty" if dirty.strip() else "")
-
-
 def summary(runs: list, modes=MODES) -> dict:
     """Median wall per mode and ahead / on-demand, when every run passed and both modes ran the same tests."""
     passed = [r for r in runs if "wall_s" in r and "failed" not in r.get("outcome", "")]
@@ -112,7 +104,7 @@ def main(argv=None) -> int:
     built = cli.setup()  # outside the clock: the bench times the suite, not the builds
     # The suite runs in `patched`; its clients and servers in the others, all from this commit's pins.
     record = {"provenance": provenance.record(provenance.command_line(), versions={
-                  "suite": envs.reported_versions(built["patched"])}, details={"commit": commit()}),
+                  "suite": envs.reported_versions(built["patched"])}, details={"commit": provenance.commit(ROOT)}),
               "runs": []}
     for number in range(1, args.rounds + 1):
         for mode in (modes if number % 2 else modes[::-1]):

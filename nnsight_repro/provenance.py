@@ -55,6 +55,16 @@ def command_line(argv: Optional[List[str]] = None, program: Optional[str] = None
     return " ".join([program, *(shlex.quote(a) for a in argv)])
 
 
+def commit(checkout: Path) -> str:
+    """The checkout's HEAD, with ``-dirty`` when its work tree differs from it (then the commit does not name
+    what ran); empty outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    return head + ("-dirty" if head and git("status", "--porcelain") else "")
+
+
 def machine() -> dict:
     """Where the command ran; called inside a Modal container too, so GPUs are looked up, not assumed."""
     cpu = platform.processor()

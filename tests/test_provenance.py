@@ -2,6 +2,7 @@
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -63,3 +64,19 @@ def test_every_results_file_written_since_carries_the_record():
 
 def test_the_list_of_older_results_names_only_files_that_still_exist():
     assert WRITTEN_BEFORE_THE_RECORD <= results_files()
+
+
+def test_the_commit_names_head_and_says_when_the_work_tree_differs(tmp_path):
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f").write_text("1")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    head = provenance.commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", head), head
+    (tmp_path / "f").write_text("2")
+    assert provenance.commit(tmp_path) == f"{head}-dirty"
+
+
+def test_the_commit_outside_a_checkout_is_empty(tmp_path):
+    assert provenance.commit(tmp_path) == ""
