@@ -161,13 +161,13 @@ class Lane:
         """Interrupt whatever lane still runs (a session that ended early), wait for it to bring its stack
         down, and bring down what it could not."""
         lanes = [stream for stream in dict.fromkeys(self.streams.values()) if stream not in self.closed]
-        for stream in lanes:
-            if stream.poll() is None and self._sent_everything(stream):
-                # Its last record can arrive before the process has exited: it is ending, not to be interrupted.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    stream.process.wait(EXITING_S)
-        running = [stream for stream in lanes if stream.poll() is None]
         try:
+            for stream in lanes:
+                if stream.poll() is None and self._sent_everything(stream):
+                    # Its last record can arrive before its process has exited: it is ending, not to be interrupted.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        stream.process.wait(EXITING_S)
+            running = [stream for stream in lanes if stream.poll() is None]
             if running:
                 self.say(f"[ndif] interrupting the live-stack lane; it brings its stack down (log: {self.log})")
             for stream in running:
