@@ -131,9 +131,8 @@ def main(argv=None) -> int:
     base = Path(args.base)
     # What builds the environments; what they contain is the commit's pins.
     builder = {"python": platform.python_version(), "uv": uvtool.VERSION}
-    record = {"provenance": provenance.record(provenance.command_line(sys.argv[1:] if argv is None else argv,
-                                                                      program="python3 benchmarks/bench_setup.py"),
-                                              versions={"builder": builder}, details={"commit": provenance.commit(ROOT)}),
+    record = {"provenance": provenance.record(provenance.command_line(), versions={"builder": builder},
+                                              details={"commit": provenance.commit(ROOT)}),
               "environments": [*TEST_ENVS, *TOOL_ENVS, *SERVERS], "results": {}}
     caches = []
     for what in [w for w in args.only.split(",") if w]:

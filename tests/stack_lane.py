@@ -188,13 +188,16 @@ class Lane:
             for stream in lanes:
                 self._bring_down_unfinished(stream)
 
+    def _jobs_of(self, stream) -> List[str]:
+        return sorted(job for job, s in self.streams.items() if s is stream)
+
     def _sent_everything(self, stream) -> bool:
-        return all(job in self.records for job, s in self.streams.items() if s is stream)
+        return all(job in self.records for job in self._jobs_of(stream))
 
     def _bring_down_unfinished(self, stream) -> None:
         """Bring down the stack of each job of ``stream`` that started and returned no result: the lane was
         killed in it, or its own ``down`` failed (``down`` is idempotent, so an error record gets one too)."""
-        for job in sorted(j for j, s in self.streams.items() if s is stream):
+        for job in self._jobs_of(stream):
             if job in self.started and "result" not in self.records.get(job, {}) and job not in self.downed:
                 self.downed.add(job)
                 if self.bring_down is not None:
