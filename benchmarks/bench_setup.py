@@ -106,6 +106,19 @@ def pip_main(cache: Path) -> dict:
     return {"wall_s": round(sum(timed.values()), 1), "steps_s": timed, "load": [load_before, load()]}
 
 
+def built_versions(cache: Path) -> dict:
+    """What each environment built in ``cache`` reports, client and server alike, by name (``tools`` has no
+    nnsight to report): the sides of the record's ``versions``, read before the cache is removed. Every
+    measurement builds from the commit's pins, so a later one only confirms an earlier one's."""
+    os.environ["NNSIGHT_REPRO_CACHE"] = str(cache)
+    found = {}
+    for stamp in sorted((cache / "envs").glob("*/env.json")):
+        name = stamp.parent.name
+        if name not in TOOL_ENVS:
+            found[name] = envs.reported_versions(envs.Env(name, stamp.parent, json.loads(stamp.read_text())))
+    return found
+
+
 def ratios(results: dict) -> dict:
     """The comparisons a run makes possible, each new / old (below 1: faster)."""
     found = {}
@@ -149,6 +162,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown measurement {what!r}")
         record["results"][what] = result
         print(f"{what:8}: {json.dumps(result)}", flush=True)
+        if what != "pip":  # pip's venv is not an environment of the project's
+            record["provenance"]["versions"].update(built_versions(cache))
         if not args.keep:
             shutil.rmtree(cache, ignore_errors=True)
     if args.readme:
@@ -166,6 +181,7 @@ def main(argv=None) -> int:
             print(f"test    : {json.dumps(readme['test'])}", flush=True)
         readme["total_s"] = round(sum(r["wall_s"] for r in readme.values()), 1)
         record["results"]["readme"] = readme
+        record["provenance"]["versions"].update(built_versions(cache))
         print(f"README commands ({', '.join(commands)}) from an empty cache: {readme['total_s']} s", flush=True)
         if not args.keep:
             shutil.rmtree(cache, ignore_errors=True)
