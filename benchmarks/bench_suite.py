@@ -61,8 +61,9 @@ def one_run(mode: str, log: Path) -> dict:
             "load": measured["load"], "log": str(log), "cpu": use.record()}
 
 
-def cpu_lines(cpu: dict, top: int = 12) -> list:
-    """The run's CPU use as printed: the machine against its capacity, then the largest places."""
+def cpu_lines(cpu: dict, top: int = 12, programs: int = 5) -> list:
+    """The run's CPU use as printed: the machine against its capacity, then the largest places (a stack's
+    with its largest programs)."""
     busy, capacity = cpu["machine_core_s"]["busy"], max(cpu["capacity_core_s"], 0.1)
     bar_capacity, ours = BAR_S * cpu["cores"], cpu["attributed_core_s"]
     lines = [f"  cpu: the suite's processes {ours:.0f} core-s; the bar's {BAR_S} s x {cpu['cores']} cores = "
@@ -71,8 +72,10 @@ def cpu_lines(cpu: dict, top: int = 12) -> list:
              f"iowait {cpu['machine_core_s']['iowait']:.0f}, unattributed {cpu['unattributed_core_s']:.0f})"]
     if cpu.get("sample_errors"):
         lines.append(f"  cpu sampling failed {len(cpu['sample_errors'])} times (undercounts): {cpu['sample_errors'][0]}")
-    lines += [f"    {place['core_s']:7.1f} core-s {place['processes']:4d} sampled processes  {where}"
-              for where, place in list(cpu["by_where"].items())[:top]]
+    for where, place in list(cpu["by_where"].items())[:top]:
+        lines.append(f"    {place['core_s']:7.1f} core-s {place['processes']:4d} sampled processes  {where}")
+        lines += [f"      {run['core_s']:7.1f} core-s {run['processes']:4d}  {name}"
+                  for name, run in list(place.get("by_program", {}).items())[:programs]]
     return lines
 
 

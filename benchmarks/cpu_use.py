@@ -16,6 +16,11 @@ suite spends. This reads the machine instead:
   started (``PYTEST_CURRENT_TEST``, inherited); else ``session`` (pytest itself, anything started outside a
   test).
 
+Within a stack, **by program** too: what each process ran, as its command line names it at the last sample
+that saw it (Ray retitles a worker ``ray::<Actor>`` once it holds one; an idle worker's ``ray::IDLE`` does
+not replace an earlier title); a Python process by ``python -m <module>``, ``python <script>`` or
+``python -c``.
+
 Sampled every ``interval`` seconds and once more at the end, so it misses a process that lives less than an
 interval and the last interval of every other; ``unattributed`` is the machine's busy time less what was
 attributed: those misses, this sampler's own time, and anything else the machine ran. Linux only; stdlib
@@ -71,6 +76,30 @@ def _test_module(pid: str) -> str:
     return "session"
 
 
+def program(pid: str):
+    """What ``pid`` runs, as :class:`CpuUse` names it by program (see the module docstring), else None."""
+    try:
+        args = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return None
+    if not args:
+        return None  # a zombie, or a kernel thread
+    first = (args[0].split() or [args[0]])[0]
+    if first.startswith("ray::"):
+        return first
+    name = os.path.basename(first)
+    if not name.startswith("python"):
+        return name
+    rest = args[1:]
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):  # the interpreter's own options
+        rest = rest[2:] if rest[0] in ("-X", "-W") else rest[1:]
+    if not rest:
+        return "python"
+    if rest[0] == "-m":
+        return f"python -m {rest[1]}" if len(rest) > 1 else "python -m"
+    return "python -c" if rest[0] == "-c" else f"python {os.path.basename(rest[0])}"
+
+
 class CpuUse:
     """``with CpuUse() as use: run(...)``, then ``use.record()``."""
 
@@ -81,6 +110,7 @@ class CpuUse:
         self.where = {}  # process -> where it counts (None: not ours)
         self.base = {}  # process -> its ticks when the run began (processes alive then)
         self.ticks = {}  # process -> its last sampled ticks
+        self.program = {}  # a stack's process -> what it runs, as last sampled
         self.netns = {}  # namespace inode -> name, as of _netns_mtime
         self._netns_mtime = None
         self.errors = []  # what broke a sample: a record with errors undercounts
@@ -162,19 +192,33 @@ class CpuUse:
                     self.where[process] = f"stack {namespace}"
             if self.where[process] is not None:
                 self.ticks[process] = ticks
+            if str(self.where[process]).startswith("stack "):
+                name = program(pid)
+                if name and not (name == "ray::IDLE" and process in self.program):
+                    self.program[process] = name
 
     def record(self) -> dict:
         """Core-seconds by where (largest first), the machine's, and what sampling could not attribute."""
         by_where, processes = defaultdict(int), defaultdict(int)
+        by_program = defaultdict(lambda: defaultdict(lambda: [0, 0]))  # where -> program -> [ticks, processes]
         for process, ticks in self.ticks.items():
-            by_where[self.where[process]] += ticks - self.base.get(process, 0)
+            spent = ticks - self.base.get(process, 0)
+            by_where[self.where[process]] += spent
             processes[self.where[process]] += 1
+            if process in self.program:
+                place = by_program[self.where[process]][self.program[process]]
+                place[0] += spent
+                place[1] += 1
         machine = {k: round((self.after[k] - self.before[k]) / TICK, 1) for k in self.after}
         attributed = sum(by_where.values()) / TICK
         cores = os.cpu_count()
         return {"wall_s": round(self.wall, 1), "cores": cores, "capacity_core_s": round(self.wall * cores, 1),
                 "machine_core_s": machine, "attributed_core_s": round(attributed, 1),
                 "unattributed_core_s": round(machine["busy"] - attributed, 1),
-                "by_where": {where: {"core_s": round(ticks / TICK, 1), "processes": processes[where]}
+                "by_where": {where: {"core_s": round(ticks / TICK, 1), "processes": processes[where],
+                                     **({"by_program": {name: {"core_s": round(t / TICK, 1), "processes": n}
+                                                        for name, (t, n) in sorted(by_program[where].items(),
+                                                                                   key=lambda kv: -kv[1][0])}}
+                                        if where in by_program else {})}
                              for where, ticks in sorted(by_where.items(), key=lambda kv: -kv[1])},
                 "interval_s": self.interval, "sample_errors": self.errors}
