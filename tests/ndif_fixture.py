@@ -14,7 +14,8 @@ killed (:func:`kill_the_api`); so those two jobs' "leaves nothing" records are o
 down at the end, killing only what it started. A stack a developer already started with
 ``nnsight-repro ndif up`` is used as it is and left running, if it is healthy; an unhealthy leftover is
 stopped and replaced. When the stack cannot be brought up the fixture raises: remote tests then fail
-with the reason, they never skip.
+with the reason, they never skip. Each stack a session uses is its folder's ``stack.lease`` while it does,
+so a second session on the same cache waits for the first rather than bringing its stacks down.
 
 The four fixtures that bring a stack up and down again within themselves are jobs of the live-stack lane
 (``LANE_JOBS``, ``tests/stack_lane.py``): a process of their own, started before the first test with every
@@ -64,27 +65,46 @@ def cold_stack(cfg):
     it fail with the reason, they never skip."""
     from nnsight_repro.ndif import netns, stack
 
-    if netns.exists(cfg.netns):
-        stack.down(cfg)
-    state = stack.up(cfg)
-    try:
-        yield NdifStack(cfg, state, owned=True)
-    finally:
-        stack.down(cfg)
+    with stack.lease(cfg):
+        if netns.exists(cfg.netns):
+            stack.down(cfg)
+        state = stack.up(cfg)
+        try:
+            yield NdifStack(cfg, state, owned=True)
+        finally:
+            stack.down(cfg)
 
 
 @pytest.fixture(scope="session")
-def ndif_stack():
+def terminal_line(request):
+    """Says a line on the terminal from a session fixture: past pytest's capture, where the running test's
+    output would swallow it."""
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+
+    def say(line):
+        if reporter is None or capture is None:
+            return print(line, file=sys.stderr, flush=True)
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    return say
+
+
+@pytest.fixture(scope="session")
+def ndif_stack(terminal_line):
     """The session's local NDIF stack (see the module docstring): ``.cfg``, ``.state``, ``.run(cases)``."""
     from nnsight_repro.ndif import config, stack
 
     cfg = config.default()
-    owned = stack.ensure_up(cfg)
-    try:
-        yield NdifStack(cfg, stack.read_state(cfg), owned=owned)
-    finally:
-        if owned:
-            stack.down(cfg)
+    # A wait for another session's lease is said where the user sees it: it can last minutes.
+    with stack.lease(cfg, say=lambda message: terminal_line(f"[ndif] {message}")):
+        owned = stack.ensure_up(cfg)
+        try:
+            yield NdifStack(cfg, stack.read_state(cfg), owned=owned)
+        finally:
+            if owned:
+                stack.down(cfg)
 
 
 def _everything_against_07(stack_args: dict, scratch) -> dict:
@@ -326,24 +346,16 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def live_stack_lane(request, tmp_path_factory):
+def live_stack_lane(request, tmp_path_factory, terminal_line):
     """The session's :class:`stack_lane.Lane`, started before the first test with the jobs the collected tests
     ask for; at the end, whatever it still runs is interrupted and its stack brought down."""
     import stack_lane
 
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-
-    def say(line):
-        if reporter is None or capture is None:
-            return print(line, file=sys.stderr, flush=True)
-        with capture.global_and_fixture_disabled():  # else the line lands in the running test's capture
-            reporter.write_line(line)
-
-    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_RUNS", _bring_down, say)
+    lane = stack_lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_RUNS", _bring_down,
+                           terminal_line)
     jobs = stack_lane.needed(request.session.items, LANE_JOBS) if stack_lane.mode() == "ahead" else []
     if jobs:
-        say(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")
+        terminal_line(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {lane.log})")
         lane.start(jobs)
     try:
         yield lane

@@ -132,7 +132,8 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
 
 
-def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_traces_what_deployed(monkeypatch):
+def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_traces_what_deployed(
+        monkeypatch, tmp_path):
     from nnsight_repro.ndif import deploy, netns, stack
 
     attempted, traced = [], []
@@ -149,6 +150,8 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
         traced.extend(cases)
         return {case: {"ok": False, "error": "Fake", "message": "not a real trace"} for case in cases}
 
+    # A cache of its own: the batch holds its stack folder's lease, and the session's lane may hold the real one's.
+    monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path))
     monkeypatch.setattr(netns, "exists", lambda name: False)
     monkeypatch.setattr(stack, "up", lambda cfg, models, say: {})
     monkeypatch.setattr(stack, "down", lambda cfg, say: {})

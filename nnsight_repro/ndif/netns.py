@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 
 class NetnsError(Exception):
@@ -65,13 +65,33 @@ def interfaces(name: str) -> List[str]:
     return [line.split(":")[1].strip().split("@")[0] for line in result.stdout.splitlines() if ":" in line]
 
 
+def _stat(pid: int) -> List[str]:
+    """The fields of /proc/PID/stat after the command name, state first ("pid (comm) state ppid ..."; comm may
+    contain spaces and parentheses, so the split is after its last ")")."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+
+
 def exited(pid: int) -> bool:
     """Gone, or a zombie: it has exited and only waits for its parent to reap it."""
     try:
-        # /proc/PID/stat: "pid (comm) state ..."; comm may contain spaces, so split after its ")".
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        return _stat(pid)[0] == "Z"
     except (OSError, IndexError):
         return True  # gone already
+
+
+def command_line(pid: int) -> List[str]:
+    """Its arguments as ``/proc/PID/cmdline`` has them (a Ray worker rewrites its first into a title such as
+    ``ray::CPUModelActor``). OSError once it is gone."""
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return [arg.decode(errors="replace") for arg in fh.read().split(b"\0") if arg]
+
+
+def parent(pid: int) -> Optional[int]:
+    """The parent's pid, or None once ``pid`` is gone."""
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def pids(name: str) -> List[int]:

@@ -158,7 +158,7 @@ def stack_memory(cfg: config.StackConfig) -> dict:
     for pid in pids:
         try:
             kib = _rss_kib(pid)
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            title = (netns.command_line(pid) or [""])[0]
         except OSError:
             continue  # exited since it was listed
         rss += kib
@@ -239,71 +239,73 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     ``while_up``, if given, is called with the stack's config once the batch is measured and before the
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
     probe script and the checks that break a stack on the same cold stack instead of bringing up more; one
-    that brings the stack down itself may (``down`` is idempotent).
+    that brings the stack down itself may (``down`` is idempotent). The batch holds the stack folder's
+    lease (:func:`stack.lease`) from before it brings a leftover down until its own ``down``.
     """
     cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
-    group = None
-    if netns.exists(cfg.netns):
-        say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
-        stack.down(cfg)
-    deploy_failures: Dict[str, str] = {}
-    by_client: Dict[str, Dict[str, dict]] = {}
-    down_error = None
-    started = time.monotonic()
-    try:
-        state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
-        group = stack.memory_group(cfg)
-        deployable = list(names)
-        if line == "0.8":
-            env = server_env.ensure(build=False, line=line, extras=cfg.extras)
-            minted = stack.minted_keys(cfg, names)
-            stalled = None
-            for name in names:
-                if stalled:
-                    # The stack stopped taking models (a deployment timed out, or a service died): waiting
-                    # out the deploy timeout once per model left would only repeat it. What deployed is
-                    # still traced.
-                    deploy_failures[name] = f"not deployed: {stalled}"
-                    continue
-                say(f"batch {number}: deploying {name}")
-                try:
-                    stack.deploy_models(cfg, env, {name: minted[name]})
-                except (deploy.DeployError, stack.StackError) as exc:
-                    deploy_failures[name] = str(exc)
-                    say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
-                    if isinstance(exc, stack.StackError):
-                        stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
-                                   f"rerun the models left with a smaller --batch")
-            deployable = [name for name in names if name not in deploy_failures]
-        for client, _role in PAIRINGS[line]:
-            if not deployable:
-                break
-            say(f"batch {number}: {client} client: {', '.join(deployable)}")
-            watch = stack.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
-            try:
-                by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
-            except stack.StackError as exc:
-                # The client or the stack died: every case of this client is reported with it.
-                by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
-                                     for case in cases(deployable, line)}
-            _name_out_of_memory(by_client[client], watch)
-        memory = stack_memory(cfg)
-        built_records = stack.built_models(cfg)
-        timings = state.get("timings", {})
-        also = while_up(cfg) if while_up else None
-    except stack.StackError as exc:
-        # The stack did not come up (or died between clients): the batch's models all carry the reason.
-        say(f"batch {number}: {exc}")
-        memory, built_records, timings, also = {}, [], {}, None
-        for client, _role in PAIRINGS[line]:
-            by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
-                                          for case in cases(names, line)})
-    finally:
+    with stack.lease(cfg, say=say):
+        group = None
+        if netns.exists(cfg.netns):
+            say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
+            stack.down(cfg)
+        deploy_failures: Dict[str, str] = {}
+        by_client: Dict[str, Dict[str, dict]] = {}
+        down_error = None
+        started = time.monotonic()
         try:
-            stack.down(cfg, say=lambda m: None)
-        except (stack.StackError, netns.NetnsError) as exc:
-            down_error = str(exc)
-            say(f"batch {number}: the stack did not come down: {exc}")
+            state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
+            group = stack.memory_group(cfg)
+            deployable = list(names)
+            if line == "0.8":
+                env = server_env.ensure(build=False, line=line, extras=cfg.extras)
+                minted = stack.minted_keys(cfg, names)
+                stalled = None
+                for name in names:
+                    if stalled:
+                        # The stack stopped taking models (a deployment timed out, or a service died): waiting
+                        # out the deploy timeout once per model left would only repeat it. What deployed is
+                        # still traced.
+                        deploy_failures[name] = f"not deployed: {stalled}"
+                        continue
+                    say(f"batch {number}: deploying {name}")
+                    try:
+                        stack.deploy_models(cfg, env, {name: minted[name]})
+                    except (deploy.DeployError, stack.StackError) as exc:
+                        deploy_failures[name] = str(exc)
+                        say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
+                        if isinstance(exc, stack.StackError):
+                            stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
+                                       f"rerun the models left with a smaller --batch")
+                deployable = [name for name in names if name not in deploy_failures]
+            for client, _role in PAIRINGS[line]:
+                if not deployable:
+                    break
+                say(f"batch {number}: {client} client: {', '.join(deployable)}")
+                watch = stack.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
+                try:
+                    by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
+                except stack.StackError as exc:
+                    # The client or the stack died: every case of this client is reported with it.
+                    by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
+                                         for case in cases(deployable, line)}
+                _name_out_of_memory(by_client[client], watch)
+            memory = stack_memory(cfg)
+            built_records = stack.built_models(cfg)
+            timings = state.get("timings", {})
+            also = while_up(cfg) if while_up else None
+        except stack.StackError as exc:
+            # The stack did not come up (or died between clients): the batch's models all carry the reason.
+            say(f"batch {number}: {exc}")
+            memory, built_records, timings, also = {}, [], {}, None
+            for client, _role in PAIRINGS[line]:
+                by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
+                                              for case in cases(names, line)})
+        finally:
+            try:
+                stack.down(cfg, say=lambda m: None)
+            except (stack.StackError, netns.NetnsError) as exc:
+                down_error = str(exc)
+                say(f"batch {number}: the stack did not come down: {exc}")
     built = {b["model_key"]: b["module_class"] for b in built_records}
     rows = [row for name in names for client, role in PAIRINGS[line]
             for row in _records(name, client, role, line, by_client.get(client, {}), built,

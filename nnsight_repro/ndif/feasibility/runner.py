@@ -39,6 +39,7 @@ This runner knows nothing about any single probe: what a probe does is its ``kin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -110,17 +111,27 @@ class LocalStacks:
 
     One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
     server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
-    stack comes up once.
+    stack comes up once. Each stack's folder is this run's lease (``stack.lease``) from its first use to
+    :meth:`down`; run by a lane job, the script is covered by the job's own.
     """
 
     def __init__(self, say, extras=()):
         self.say, self.ours, self.extras = say, {}, tuple(extras)
+        self.leases = contextlib.ExitStack()
+        self.refused = {}  # stack folder -> the StackError its lease timed out with: not waited out twice
 
     def host(self, client_line: str) -> Host:
         from nnsight_repro.ndif import config, stack
 
         line = CLIENT_LINES[client_line]
         cfg = config.default(line=line.stack, server=line.server, extras=self.extras)
+        if cfg.folder in self.refused:
+            raise self.refused[cfg.folder]
+        try:
+            self.leases.enter_context(stack.lease(cfg, say=self.say))
+        except stack.StackError as exc:
+            self.refused[cfg.folder] = exc
+            raise
         if stack.ensure_up(cfg, say=self.say):
             self.ours[cfg.netns] = cfg
         return Host(cfg.api_url, None, cfg)
@@ -128,10 +139,11 @@ class LocalStacks:
     def down(self) -> None:
         from nnsight_repro.ndif import netns, stack
 
-        for cfg in self.ours.values():
-            if netns.exists(cfg.netns):
-                self.say(f"bringing the local {cfg.line} stack down (this run brought it up)")
-                stack.down(cfg)
+        with self.leases:
+            for cfg in self.ours.values():
+                if netns.exists(cfg.netns):
+                    self.say(f"bringing the local {cfg.line} stack down (this run brought it up)")
+                    stack.down(cfg)
 
 
 def local_server(host: Host) -> Optional[dict]:
