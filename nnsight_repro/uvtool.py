@@ -165,8 +165,10 @@ def command(*args: str) -> List[str]:
 def explain(output: str) -> str:
     """One sentence for the uv failures a build meets, naming the package and the fix ('' if none applies)."""
     text = output.replace("\n", " ")
-    m = re.search(r"Because (?:there is no version of |there are no versions of )?([A-Za-z0-9_.\-]+)"
-                  r"(?:==| was not found| \[)", text)
+    m = (re.search(r"Because (?:there is no version of |there are no versions of )?([A-Za-z0-9_.\-]+)"
+                   r"(?:==| was not found| \[)", text)
+         # "Failed to install: nnsrprobe-1.0-py3-none-any.whl (nnsrprobe==1.0)", and the same for the other steps
+         or re.search(r"Failed to (?:install|download|build|prepare)[^(`]*[(`]([A-Za-z0-9_.\-]+)==", text))
     package = m.group(1) if m else None
     if re.search(r"dns error|failed to lookup|Connection refused|error sending request|network|timed out",
                  text, re.I):
@@ -177,11 +179,14 @@ def explain(output: str) -> str:
     if "No solution found" in text or "not found in the package registry" in text or "was not found" in text:
         return (f"a pinned requirement{f' ({package})' if package else ''} does not resolve. Fix: correct the pin "
                 f"in nnsight_repro/pins/, or make that version available (PyPI or a find-links directory).")
+    # A cache entry cut short (its unpacked wheel lost files, or its folder is gone) reads as an invalid wheel
+    # or a missing file; the same words for a broken wheel in a find-links directory, hence the second fix.
     if re.search(r"Failed to read|invalid (?:cache|archive|zip)|No such file or directory|corrupt|"
-                 r"failed to deserialize|Failed to extract", text, re.I):
+                 r"failed to deserialize|Failed to extract|wheel is invalid", text, re.I):
         return (f"uv's cache at {cache()} looks damaged{f' (while handling {package})' if package else ''}. "
                 f"Fix: `{binary()} cache clean{f' {package}' if package else ''}` with UV_CACHE_DIR={cache()}, "
-                f"or delete that directory.")
+                f"or delete that directory; if the build then fails the same way, the wheel it installs from is "
+                f"itself broken: replace it.")
     return ""
 
 

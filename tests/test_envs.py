@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -289,6 +290,24 @@ def test_a_pin_that_does_not_resolve_fails_naming_it_and_leaves_no_ready_environ
 def test_a_package_the_network_must_supply_names_it_and_the_fix_when_offline(broken_tools):
     spec = broken_tools("click==8.5.1")  # in no find-links directory; the scratch uv cache is empty
     with pytest.raises(envs.EnvError, match=r"could not reach the package index for click\. Fix: restore access"):
+        envs.ensure(spec.name)
+    assert_never_ready(spec)
+
+
+@pytest.mark.parametrize("cut_short", ["its unpacked files lost", "its folder gone"])
+def test_a_uv_cache_entry_cut_short_names_the_package_and_the_fix(broken_tools, tmp_path, monkeypatch, cut_short):
+    links = tmp_path / "links"
+    links.mkdir()
+    tiny_wheel(links, "nnsrprobe", "1.0")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    spec = broken_tools("nnsrprobe==1.0")
+    envs.ensure(spec.name)  # puts nnsrprobe into the scratch uv cache
+    (entry,) = (uvtool.cache() / "archive-v0").iterdir()
+    for unpacked in list(entry.iterdir()) if cut_short == "its unpacked files lost" else [entry]:
+        shutil.rmtree(unpacked)
+    shutil.rmtree(envs.env_dir(spec.name))  # the next build installs from that entry
+    with pytest.raises(envs.EnvError, match=r"uv's cache at .* looks damaged \(while handling nnsrprobe\)\. "
+                                            r"Fix: `.*uv cache clean nnsrprobe`"):
         envs.ensure(spec.name)
     assert_never_ready(spec)
 
