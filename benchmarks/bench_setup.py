@@ -107,16 +107,11 @@ def pip_main(cache: Path) -> dict:
 
 
 def built_versions(cache: Path) -> dict:
-    """What each environment built in ``cache`` reports, client and server alike, by name (``tools`` has no
-    nnsight to report): the sides of the record's ``versions``, read before the cache is removed. Every
-    measurement builds from the commit's pins, so a later one only confirms an earlier one's."""
+    """The versions every environment built in ``cache`` reports (``envs.built_versions``), read before the
+    cache is removed: the sides of the record's ``versions``. Every measurement builds from the commit's pins,
+    so a later one only confirms an earlier one's."""
     os.environ["NNSIGHT_REPRO_CACHE"] = str(cache)
-    found = {}
-    for stamp in sorted((cache / "envs").glob("*/env.json")):
-        name = stamp.parent.name
-        if name not in TOOL_ENVS:
-            found[name] = envs.reported_versions(envs.Env(name, stamp.parent, json.loads(stamp.read_text())))
-    return found
+    return envs.built_versions()
 
 
 def ratios(results: dict) -> dict:

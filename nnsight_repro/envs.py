@@ -238,6 +238,17 @@ def reported_versions(env: Env) -> dict:
     return {"env": env.name, **found, "series_digest": env.stamp.get("inputs", {}).get("series_digest")}
 
 
+def built_versions() -> Dict[str, dict]:
+    """What each finished environment of this cache reports (:func:`reported_versions`), by name: the test
+    environments and the NDIF server ones alike, the tool environments aside (no nnsight to report)."""
+    found = {}
+    for path in sorted(p.parent for p in (cache_dir() / "envs").glob("*/env.json")):
+        stamp = _read_stamp(path)
+        if stamp is not None and path.name not in TOOLS:
+            found[path.name] = reported_versions(Env(path.name, path, stamp))
+    return found
+
+
 def env_dir(name: str) -> Path:
     return cache_dir() / "envs" / name
 

@@ -150,23 +150,21 @@ def lease(cfg: configuration.StackConfig, say: Callable[[str], None] = _say, wai
     cfg.folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(cfg.folder / ".lease", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        waited_since, holder, said = None, "", False
+        started, ancestry, said = time.monotonic(), _ancestry(), False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            if holder.isdigit() and int(holder) in _ancestry():
+            if holder.isdigit() and int(holder) in ancestry:
                 yield
                 return
-            if waited_since is None:
-                waited_since = time.monotonic()
             if holder.isdigit() and not said:
                 said = True
                 say(f"the {cfg.line} stack's folder {cfg.folder} is in use by {_holder(holder)}; waiting for it, "
                     f"at most {wait_s:.0f} s")
-            if time.monotonic() - waited_since > wait_s:
+            if time.monotonic() - started > wait_s:
                 raise StackError(
                     f"The {cfg.line} stack's folder {cfg.folder} is still in use by {_holder(holder)} after "
                     f"{wait_s:.0f} s: another run on this cache uses that stack. Wait for it to finish, or give "
@@ -177,7 +175,7 @@ def lease(cfg: configuration.StackConfig, say: Callable[[str], None] = _say, wai
         os.pwrite(fd, mine, 0)
         os.ftruncate(fd, len(mine))  # after the write: a killed holder's longer pid leaves no digits behind
         if said:
-            say(f"the {cfg.line} stack's folder is free after {time.monotonic() - waited_since:.0f} s")
+            say(f"the {cfg.line} stack's folder is free after {time.monotonic() - started:.0f} s")
         try:
             yield
         finally:
