@@ -104,15 +104,17 @@ def main(argv=None) -> int:
         parser.error(f"--modes {args.modes!r}: name ahead, and only modes of {', '.join(MODES)}")
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    built = cli.setup()  # outside the clock: the bench times the suite, not the builds
-    # The suite runs in `patched`; its clients and servers in the others, all from this commit's pins.
-    record = {"provenance": provenance.record(provenance.command_line(), versions={
-                  "suite": envs.reported_versions(built["patched"])}, details={"commit": provenance.commit(ROOT)}),
-              "runs": []}
+    cli.setup()  # outside the clock: the bench times the suite, not the builds
+    # The suite runs in `patched`; its clients and servers in the others, all from this commit's pins. Their
+    # versions are read after the first run, which builds the NDIF server environments a cache lacks.
+    record = {"provenance": provenance.record(provenance.command_line(), details={
+                  "commit": provenance.commit(ROOT), "suite_env": "patched"}), "runs": []}
     for number in range(1, args.rounds + 1):
         for mode in (modes if number % 2 else modes[::-1]):
             result = {"round": number, **one_run(mode, logs / f"{provenance.stamp()}-{mode}.log")}
             record["runs"].append(result)
+            if not record["provenance"]["versions"]:
+                record["provenance"]["versions"] = envs.built_versions()
             if "failed" in result:
                 print(f"round {number} {mode:9}: FAILED: {result['failed'][-300:]} (log: {result['log']})", flush=True)
             else:
