@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, checks, envs, models
+from nnsight_repro import ROOT, checks, envs, models, series
 
 SUITE = "tests/test_envoy_overloaded_mount.py"
-UPSTREAM_REGRESSION = "tests/test_overloaded_mount.py"  # added to nnsight's tests by our series
+SERIES = "nnsight-v0.7.0"
+#: The test files our series adds to nnsight's tests, in the order it adds them.
+SERIES_TESTS = [path for path in series.touched(SERIES) if path.startswith("tests/test_")]
+#: A series test that 0.7.0 already passes says so: its docstring starts with this.
+GUARD = "Guard:"
 
 #: Every ``tests/test_*.py`` of the nnsight 0.7.0 sdist is here or in UPSTREAM_LEFT_OUT. These run offline (they
 #: collect, and what they report does not depend on the hub, a GPU, the network, vllm or diffusers); each must
@@ -148,7 +152,7 @@ def upstream_test_files(env_name: str) -> set:
 @pytest.mark.parametrize("env_name", ["main", "patched"])
 def test_every_nnsight_test_file_is_compared_or_left_out_with_a_reason(env_name):
     assert not set(UPSTREAM_OFFLINE) & set(UPSTREAM_LEFT_OUT)
-    added = {UPSTREAM_REGRESSION} if env_name == "patched" else set()
+    added = set(SERIES_TESTS) if env_name == "patched" else set()
     assert upstream_test_files(env_name) == set(UPSTREAM_OFFLINE) | set(UPSTREAM_LEFT_OUT) | added
 
 
@@ -176,13 +180,46 @@ def test_nnsights_own_offline_tests_have_identical_outcomes(upstream_outcomes, t
     assert passing >= UPSTREAM_OFFLINE[target], {name: outcome for name, (outcome, _) in main.items()}
 
 
-def test_series_regression_tests_fail_on_the_release_and_pass_patched(tmp_path_factory):
-    tests = envs.ensure("patched", build=False).source / UPSTREAM_REGRESSION
-    assert tests.is_file(), "the series no longer adds nnsight's regression tests"
-    patched = run_pytest("patched", str(tests), tmp_path_factory, cwd=tests.parent.parent)
-    release = run_pytest("main", str(tests), tmp_path_factory, cwd=tests.parent.parent)
-    assert patched and set(patched.values()) == {"passed"}, patched
-    assert "failed" in release.values() or "error" in release.values(), release
+def guards(path: Path) -> set:
+    """The names of the tests in ``path`` whose docstring marks them as guards of behaviour 0.7.0 had."""
+    import ast
+
+    return {node.name for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef) and (ast.get_docstring(node) or "").startswith(GUARD)}
+
+
+@pytest.fixture(scope="module")
+def series_test_outcomes(tmp_path_factory):
+    source = envs.ensure("patched", build=False).source
+    assert SERIES_TESTS, f"patches/{SERIES} no longer adds a test file to nnsight's tests"
+
+    def run(name):
+        return run_pytest(name, SERIES_TESTS, tmp_path_factory, cwd=source, extra=["-o", "junit_family=xunit1"])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, name) for name in ("main", "patched")}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_series_tests_all_pass_patched(series_test_outcomes):
+    outcomes = series_test_outcomes["patched"]
+    assert {path.partition("::")[0] for path in outcomes} == set(SERIES_TESTS)
+    assert set(outcomes.values()) == {"passed"}, outcomes
+
+
+def test_series_tests_fail_on_the_release_unless_marked_as_guards(series_test_outcomes):
+    source = envs.ensure("patched", build=False).source
+    marked = {f"{path}::{name}" for path in SERIES_TESTS for name in guards(source / path)}
+    # A parametrized guard has one id per parameter.
+    is_guard = {test: test.partition("[")[0] in marked for test in series_test_outcomes["main"]}
+    wrong = {test: outcome for test, outcome in series_test_outcomes["main"].items()
+             if (outcome == "passed") != is_guard[test]}
+    assert marked and not wrong, wrong
+
+
+def test_nnsights_ci_runs_every_test_file_the_series_adds():
+    workflow = (envs.ensure("patched", build=False).source / ".github" / "workflows" / "python-app.yml").read_text()
+    assert [path for path in SERIES_TESTS if f" {path} " not in workflow] == []
 
 
 @pytest.fixture(scope="module")
