@@ -17,7 +17,6 @@ WRITTEN_BEFORE_THE_RECORD = {
     "results/benchmarks/bench_ndif-0.7-patched-20261201.json",
     "results/benchmarks/bench_ndif-0.7-stock-20261201.json",
     "results/benchmarks/bench_ndif-0.8-20261201.json",
-    "results/benchmarks/bench_overloaded_mount-20261201.json",
     "results/benchmarks/bench_verify-20261201.json",
     "results/benchmarks/setup.json",
 }
