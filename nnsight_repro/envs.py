@@ -475,7 +475,8 @@ def series_wheel(release: Path, name: str, source: Path, out: Path) -> Optional[
     the C extension again. None when the series touches anything else a build reads (C sources, build
     configuration), which then needs a build of its own."""
     changed = series.touched(name)
-    if not all((p.startswith("src/nnsight/") and p.endswith(".py")) or p.startswith(("tests/", "docs/"))
+    # CI configuration (.github/: a series adds its tests to the workflow's list) is not read by a build.
+    if not all((p.startswith("src/nnsight/") and p.endswith(".py")) or p.startswith(("tests/", "docs/", ".github/"))
                for p in changed):
         return None
     replaced = {p[len("src/"):]: source / p for p in changed if p.startswith("src/")}

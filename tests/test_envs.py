@@ -386,7 +386,8 @@ def test_a_series_of_python_files_goes_into_the_releases_wheel_with_a_record_tha
         release_and_source, tmp_path, monkeypatch):
     release, source = release_and_source
     monkeypatch.setattr(envs.series, "touched", lambda name: [
-        "src/nnsight/intervention/envoy.py", "src/nnsight/added.py", "tests/test_overloaded_mount.py"])
+        "src/nnsight/intervention/envoy.py", "src/nnsight/added.py", "tests/test_overloaded_mount.py",
+        ".github/workflows/python-app.yml"])
     built = wheel_contents(envs.series_wheel(release, "any", source, tmp_path / "out"))
     record = built.pop("nnsight-0.7.0.dist-info/RECORD").decode().splitlines()
     assert built == {"nnsight/__init__.py": b"", "nnsight/intervention/envoy.py": b"NEW = 2\n",
