@@ -86,9 +86,10 @@ def with_series(env, series_name: str, destination: Path) -> Path:
     The installed package, not the source tree, because only the installed
     copy carries the compiled ``.save()`` extension. Its ``.py`` files are
     the sdist's byte for byte, so the series' base check holds for them; the
-    tests the series touches come from the environment's source tree. The
-    copy is laid out as that tree (``src/nnsight``, ``tests``) so the series
-    applies with the project's own ``series.apply``.
+    tests the series touches come from the environment's source tree, and so
+    does ``.github`` (a series adds its test files to CI's list there). The
+    copy is laid out as that tree (``src/nnsight``, ``tests``, ``.github``) so
+    the series applies with the project's own ``series.apply``.
     """
     from . import series
 
@@ -96,6 +97,8 @@ def with_series(env, series_name: str, destination: Path) -> Path:
     shutil.copytree(site_packages(env, "nnsight") / "nnsight", destination / "src" / "nnsight",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(env.source / "tests", destination / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    if (env.source / ".github").is_dir():
+        shutil.copytree(env.source / ".github", destination / ".github")
     series.apply(series_name, destination)
     return destination / "src"
 

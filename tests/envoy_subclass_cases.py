@@ -2,7 +2,7 @@
 
 ``DEFINITIONS`` is script text: a test puts it into a file that runs as ``__main__``, so nnsight 0.7.0
 sends ``BlockEnvoy`` by value, with its eproperty, whose hook is ``requires_output``'s wrapper — the
-function the 0.7.0 serializer ships with its decorator lines (``patches/PR.md`` §5). ``ProbedLM`` puts it
+function the 0.7.0 serializer ships with its decorator lines (``patches/PR.md`` §3b). ``ProbedLM`` puts it
 on every GPT-2 block through the ``envoys`` class attribute (0.7.0's ``LanguageModel`` hands an
 ``envoys=`` keyword on to ``from_pretrained``). Its model key is ``LanguageModel``'s: the key names the
 class that defines ``_remoteable_model_key``, so a server builds the model it already has.

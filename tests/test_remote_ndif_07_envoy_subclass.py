@@ -13,7 +13,7 @@ assertions run). Each client sends its record through ``nnsight_repro.channel``.
 
 What a live server adds to ``remote="local"``: its import whitelist while unpickling. The fix removes the
 NameError, and the request then stops at ndif 0.0.1's whitelist, which lacks ``nnsight.intervention.hooks``
-(the last test; ``patches/PR.md`` section 5). A stack that cannot come up fails these tests; none skips.
+(the last test; ``patches/PR.md`` section 3b). A stack that cannot come up fails these tests; none skips.
 """
 
 HOOKED_OUTPUT = "NameError: name 'hooked_output' is not defined"
@@ -52,7 +52,7 @@ def test_fixed_client_envoy_subclass_from_main_gets_past_the_name_error_to_ndif_
     # gone, but the by-value hook belongs to nnsight.intervention.hooks, which ndif 0.0.1's deserialization
     # whitelist (src/ray/nn/security/protected_environment.py; our A3 adds three modules, not this one) does
     # not list: the server refuses the request while unpickling it. The local trace's value (within the 0.7
-    # generation's atol) would need that module whitelisted on the server too (patches/PR.md section 5).
+    # generation's atol) would need that module whitelisted on the server too (patches/PR.md section 3b).
     found = record(ndif07_stock, "fixed")
     message = found.get("message", "")
     assert "RemoteException: Traceback" in message and "hooked_output" not in message, found
