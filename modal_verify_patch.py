@@ -70,7 +70,7 @@ IMAGE_SERIES_DIR = f"{IMAGE_ROOT}/patches/{SERIES}"
 if modal.is_local():
     # Reads patches/ (absent in the container): a wrong base or a series that does not apply stops here,
     # before `modal run` builds an image or starts a container.
-    verify.preflight(SERIES, repo=BASE_REPO, tag=BASE_TAG, commit=BASE_COMMIT)
+    verify.check_base(SERIES, repo=BASE_REPO, tag=BASE_TAG, commit=BASE_COMMIT)
 
 
 def source_at_base(src: str) -> str:

@@ -117,30 +117,63 @@ def cmd_wheel(args) -> int:
     return wheel.main(args.wheel_args)
 
 
+def cmd_preflight(args) -> int:
+    from .preflight import cli as preflight_cli
+
+    return preflight_cli.command(args)
+
+
 def cmd_ndif(args) -> int:
     from .ndif import cli as ndif_cli
 
     return ndif_cli.main(args.ndif_args)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nnsight-repro", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+#: What a usage error and every error this module catches exit with (``main``); each command adds its own.
+USAGE_AND_SETUP = ("  2  usage error, or an environment, patch series or child process failed (the message names "
+                   "it)\n")
 
-    t = sub.add_parser("test", help="build the environments and run the test suite (in the patched env)")
+
+def exits(*lines: str) -> str:
+    """An epilog listing a command's exit statuses, each line ``"<code>  <meaning>"``."""
+    return "exit status:\n" + "".join(f"  {line}\n" for line in lines) + USAGE_AND_SETUP
+
+
+def command(sub, name: str, help: str, epilog: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` shows ``help`` and its exit statuses as written."""
+    return sub.add_parser(name, help=help, description=help, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nnsight-repro", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=exits("0  done; each command's --help lists its own exit statuses"))
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+
+    t = command(sub, "test", "build the environments and run the test suite (in the patched env)",
+                "exit status: pytest's (0 all passed, 1 some failed, 2 interrupted or a usage error, 5 no tests "
+                "collected);\n  2 also when an environment cannot be built\n")
     t.add_argument("pytest_args", nargs="*", help="passed to pytest (default: tests); options too, e.g. -x")
     t.set_defaults(run=cmd_test)
 
-    v = sub.add_parser("verify", help="run the check routine in each environment and write results/verify/")
-    v.add_argument("--envs", default=",".join(TEST_ENVS))
+    v = command(sub, "verify", "run the check routine in each environment and write results/verify/",
+                exits("0  every environment's check routine ran (a failing check is a result, not an error)",
+                      "1  the check routine itself failed in an environment (its checks are recorded as failed)"))
+    v.add_argument("--envs", default=",".join(TEST_ENVS),
+                   help=f"comma-separated environments to check (default: {','.join(TEST_ENVS)})")
     v.add_argument("--models", default=None, help="comma-separated panel models (default: all)")
     v.add_argument("--checks", default=None, help="comma-separated checks (default: all)")
     v.add_argument("--out", default=str(ROOT / "results" / "verify"), help="output directory")
     v.set_defaults(run=cmd_verify)
 
-    z = sub.add_parser("zoo", help="scan every transformers/multimolecule architecture in each environment")
-    z.add_argument("--subset", choices=["ci", "full"], default="full")
-    z.add_argument("--envs", default=",".join(TEST_ENVS))
+    z = command(sub, "zoo", "scan every transformers/multimolecule architecture in each environment",
+                exits("0  the report was written (an architecture that fails is a finding in it)"))
+    z.add_argument("--subset", choices=["ci", "full"], default="full",
+                   help="full: every architecture (default); ci: the dozen classes the suite scans "
+                        "(nnsight_repro/zoo/scan.py CI_UNITS)")
+    z.add_argument("--envs", default=",".join(TEST_ENVS),
+                   help=f"comma-separated environments to scan in (default: {','.join(TEST_ENVS)})")
     z.add_argument("--out", default=str(ROOT / "results" / "zoo"), help="output directory")
     z.add_argument("--timeout", type=float, default=120, help="seconds per class before its worker is killed")
     z.add_argument("--parallel", type=int, default=2, help="environments scanned at once")
@@ -148,37 +181,54 @@ def parser() -> argparse.ArgumentParser:
     z.add_argument("--rerender", action="store_true", help="rewrite --out's zoo.json/zoo.md from its own records")
     z.set_defaults(run=cmd_zoo, command_line=None)
 
-    e = sub.add_parser("envs", help="build, locate or inspect the cached environments")
-    e.add_argument("action", choices=["build", "status", "path", "python"])
+    e = command(sub, "envs", "build, locate or inspect the cached environments", exits("0  done"))
+    e.add_argument("action", choices=["build", "status", "path", "python"],
+                   help="build: build what is missing or stale; status: each one's state and versions; path: "
+                        "print each one's folder; python: print each one's interpreter (path and python refuse "
+                        "a missing or stale one, naming the command that builds it)")
     e.add_argument("names", nargs="*", help=f"environments (default: all of {', '.join([*envs.SPECS, *envs.TOOLS])}; "
                    f"also ndif-server, ndif-server-0.7)")
     e.set_defaults(run=cmd_envs)
 
     n = sub.add_parser("ndif", add_help=False,
                        help="a local NDIF server (ndif 0.1.2 for nnsight 0.8 clients; --line 0.7: "
-                            "ndif 0.0.1 for nnsight 0.7.0): up | down | status")
+                            "ndif 0.0.1 for nnsight 0.7.0): up | down | status | negative-control | panel "
+                            "(`ndif --help`, `ndif up --help`, ...)")
     n.add_argument("ndif_args", nargs=argparse.REMAINDER,
                    help="up [--line 0.7 [--server stock|patched]] [--models a,b] | down [--line 0.7] | "
-                        "status [--line 0.7] [--json]")
+                        "status [--line 0.7] [--json] | negative-control [--out DIR] | panel [--line 0.7] ...")
     n.set_defaults(run=cmd_ndif)
 
     w = sub.add_parser("wheel", add_help=False, help="build nnsight 0.7.0 + the series (and its extras) as a wheel "
-                       "to pip-install into your own environment: wheel [--out DIR] [--no-extras] [--python PATH]")
-    w.add_argument("wheel_args", nargs=argparse.REMAINDER)
+                       "to pip-install into your own environment; it compiles nnsight's C extension for the "
+                       "interpreter it is for: wheel [--out DIR] [--no-extras] [--python PATH] (`wheel --help`)")
+    w.add_argument("wheel_args", nargs=argparse.REMAINDER, help="passed to `wheel` (see `wheel --help`)")
     w.set_defaults(run=cmd_wheel)
 
     m = sub.add_parser("modal", add_help=False, help="Modal's client from the tools environment, e.g. "
-                       "`modal run modal_verify_patch.py` (or `pip install -e '.[modal]'` and plain `modal`)")
-    m.add_argument("modal_args", nargs=argparse.REMAINDER)
+                       "`modal run modal_verify_patch.py` (or `pip install -e '.[modal]'` and plain `modal`); "
+                       "its --help and exit statuses are Modal's")
+    m.add_argument("modal_args", nargs=argparse.REMAINDER, help="passed to Modal's `modal` command")
     m.set_defaults(run=cmd_modal)
 
-    s = sub.add_parser("series", help="check that a patch series applies to its base")
-    s.add_argument("action", choices=["check"])
-    s.add_argument("--series", default="nnsight-v0.7.0")
+    s = command(sub, "series", "check that a patch series applies to its base",
+                exits("0  every patch applies with `git am` onto the series' base"))
+    s.add_argument("action", choices=["check"], help="check: apply the series to its base (the only action)")
+    s.add_argument("--series", default="nnsight-v0.7.0",
+                   help="the series, a folder under patches/ (default: nnsight-v0.7.0)")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--repo", help="a git checkout of the series' upstream at its base commit")
     where.add_argument("--tree", help="a source tree (e.g. an extracted sdist); default: the released sdist")
     s.set_defaults(run=cmd_series)
+
+    from .preflight import cli as preflight_cli
+
+    f = sub.add_parser("preflight", help="will a checkpoint run remotely, per client (stock 0.7.0, fixed 0.7.0, "
+                                         "0.8.1), and what to change if not",
+                       description=preflight_cli.parser().description, epilog=preflight_cli.EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    preflight_cli.add_arguments(f)
+    f.set_defaults(run=cmd_preflight)
     return p
 
 

@@ -42,9 +42,11 @@ class Line:
 
     def output_attr(self, envoy, name: str = "output") -> str:
         """The attribute of ``envoy`` that is nnsight's ``name`` (its forward output)."""
-        if self.nnsight_keeps_name or not self.collides(envoy, name):
-            return name
-        return self.moved_prefix + name
+        return self.served_attr(name) if self.collides(envoy, name) else name
+
+    def served_attr(self, name: str = "output") -> str:
+        """The attribute under which nnsight serves ``name`` on an envoy whose submodule is called ``name``."""
+        return name if self.nnsight_keeps_name else self.moved_prefix + name
 
     def child_attr(self, name: str = "output") -> str:
         """The attribute under which a submodule called ``name`` is reachable."""

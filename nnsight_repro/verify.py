@@ -70,8 +70,8 @@ def split(names: Optional[str]) -> Optional[List[str]]:
     return [n.strip() for n in names.split(",") if n.strip()] if names else None
 
 
-def preflight(series_name: str, *, repo: Optional[str] = None, tag: Optional[str] = None,
-              commit: Optional[str] = None) -> series.Base:
+def check_base(series_name: str, *, repo: Optional[str] = None, tag: Optional[str] = None,
+               commit: Optional[str] = None) -> series.Base:
     """Refuse a series whose base is not the one a caller pins, or that does not apply to it.
 
     ``repo``/``tag``/``commit`` are what a caller builds from (Modal pins them in
@@ -88,7 +88,7 @@ def preflight(series_name: str, *, repo: Optional[str] = None, tag: Optional[str
                 f"{base.describe()}. Pin the series' base, or re-cut the series onto {pinned}.")
     spec = _spec_applying(series_name)
     archive_sha = spec.sdist_sha256
-    marker = cache_dir() / "preflight" / f"{series_name}-{series.digest(series_name)[:16]}-{archive_sha[:16]}.ok"
+    marker = cache_dir() / "base-check" / f"{series_name}-{series.digest(series_name)[:16]}-{archive_sha[:16]}.ok"
     if not marker.is_file():
         series.am_onto_tree(series_name, base_tree(series_name))
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,7 @@ def main(args) -> int:
     models, checks = selection(split(args.models), split(args.checks))
     for s in specs:
         if getattr(s, "series", None):
-            preflight(s.series)
+            check_base(s.series)
     envs.ensure_all([*names, "tools"])
     started = time.monotonic()
     recs, failed = records(names, models, checks)

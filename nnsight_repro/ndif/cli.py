@@ -33,13 +33,26 @@ def _print_status(report: dict) -> None:
         print(f"  problem: {problem}")
 
 
-def main(argv=None) -> int:
+#: Exit statuses of ``up``, ``down`` and ``status``; ``negative-control`` and ``panel`` say their own.
+EXITS = """exit status:
+  0  done (status: the stack runs and reports no problem)
+  1  status: the stack is not running, or reports a problem
+  2  usage error, or the stack could not be brought up or down (the message says why)
+"""
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif",
                                      description="A local NDIF server in a private network namespace, with the "
-                                                 "project's tiny models: ndif 0.1.2 serving nnsight 0.8 clients "
-                                                 "(default), or with --line 0.7 ndif 0.0.1 plus backports serving "
-                                                 "nnsight 0.7.0 clients.")
-    sub = parser.add_subparsers(dest="action", required=True)
+                                                 "project's tiny models:\nndif 0.1.2 serving nnsight 0.8 clients "
+                                                 "(default), or with --line 0.7 ndif 0.0.1 plus backports\nserving "
+                                                 "nnsight 0.7.0 clients.",
+                                     epilog=EXITS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION", help="one of:")
+
+    def action(name: str, help: str, **kwargs):
+        return sub.add_parser(name, help=help, description=help, epilog=EXITS,
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     def stack_options(command):
         command.add_argument("--line", default="0.8", choices=sorted(config.GENERATIONS),
@@ -49,7 +62,7 @@ def main(argv=None) -> int:
                                   "where models are built (nnsight_repro/ndif/server_packages.py); a stack of its own")
         return command
 
-    u = stack_options(sub.add_parser("up", help="start the stack, deploy the models, wait until they are HOT"))
+    u = stack_options(action("up", "start the stack, deploy the models, wait until they are HOT"))
     u.add_argument("--models", default=None,
                    help=f"comma-separated panel models to deploy at start, under the keys the stack's own client "
                         f"mints (default: {','.join(deploy.SERVED)}; 0.7 stack: {','.join(deploy.SERVED_07)}, "
@@ -59,17 +72,22 @@ def main(argv=None) -> int:
                         "stack is uncapped, and an OOM kill is reported as one either way")
     u.add_argument("--server", default="stock", choices=["stock", "patched"],
                    help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
-    stack_options(sub.add_parser("down", help="stop everything `up` started and delete the namespace"))
-    s = stack_options(sub.add_parser("status", help="what runs, and each model's deployment level"))
-    s.add_argument("--json", action="store_true")
+    stack_options(action("down", "stop everything `up` started and delete the namespace"))
+    s = stack_options(action("status", "what runs, and each model's deployment level"))
+    s.add_argument("--json", action="store_true", help="print the status report as JSON")
+    # Their own parsers read their arguments, `--help` included (negative_control.parser(), panel.parser()).
     sub.add_parser("negative-control", add_help=False,
                    help="0.7 stack: stock and patched nnsight 0.7.0 on client and server, every pairing, "
                         "-> results/ndif_0.7/negative_control.json")
-    if argv is None:
-        argv = sys.argv[1:]
     sub.add_parser("panel", add_help=False,
                    help="every panel model traced remotely on a multimolecule flavour "
                         "-> results/ndif_<line>/panel.json (+ .md; panel+<flavour>.* for --with)")
+    return parser
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
     if argv and argv[0] == "negative-control":
         from . import negative_control
 
@@ -78,11 +96,11 @@ def main(argv=None) -> int:
         from . import panel
 
         return panel.main(argv[1:])
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         if args.action == "up":
             if args.line == "0.8" and args.server != "stock":
-                parser.error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
+                parser().error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
             cfg = config.default(line=args.line, server=args.server, extras=args.extras,
                                  memory_limit_mib=args.memory_limit)
             models = None if args.models is None else [m for m in args.models.split(",") if m]

@@ -113,6 +113,10 @@ class Generation:
     dtype: str = "float32"
 
 
+#: The dtype NDIF loads a model in unless told otherwise (see :attr:`Generation.dtype`): what ``preflight``
+#: assumes of a server it cannot ask.
+NDIF_DEFAULT_DTYPE = "bfloat16"
+
 #: The 0.7 server's tolerance. ndif 0.0.1 loads every model in bfloat16 and makes it torch's default dtype
 #: (ndif 0.1.2 computes in float32, as set here, on the same CPU torch: bit-identical, 0). bfloat16 keeps 8
 #: significant bits: between 2 and 4, where the tiny panel models' largest layer-normed hidden values lie,

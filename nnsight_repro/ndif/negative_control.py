@@ -113,12 +113,21 @@ def summary(results: Dict[str, dict]) -> List[dict]:
     return rows
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif negative-control",
                                      description="The negative control end to end against the 0.7 stack "
-                                                 "(ndif 0.0.1): stock and patched nnsight 0.7.0 on both sides.")
+                                                 "(ndif 0.0.1): stock and patched nnsight 0.7.0 on both sides.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="exit status:\n"
+                                            "  0  negative_control.json was written (a failing pairing is a result)\n"
+                                            "  2  usage error, or the stack could not be brought up (the message "
+                                            "says why)\n")
     parser.add_argument("--out", default=str(ROOT / "results" / "ndif_0.7"), help="output directory")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     started = provenance.date()
     results = {}
     try:

@@ -41,8 +41,11 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, envs, fsutil, provenance
+from .. import ROOT, envs, fsutil, outcomes, provenance
 from .. import models as panel_models
+# The errors a failing record is matched against and what each failure is live in the rule's module (preflight
+# predicts with the same rule); the report and the tests read them here as well.
+from ..outcomes import BUGS, HOOKED_OUTPUT, PROVISIONING, UNKNOWN_MODULE  # noqa: F401
 from . import config, deploy, memcg, netns, server_env, server_packages, stack
 
 #: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
@@ -79,12 +82,6 @@ BATCH = 4
 
 TRACES = {"read": "trace", "write": "write"}
 
-HOOKED_OUTPUT = "name 'hooked_output' is not defined"
-PROVISIONING = "error provisioning the model deployment"
-#: A request that names a module (by its path under the wrapper, ``Module:model.<path>``) the model the
-#: server built does not have.
-UNKNOWN_MODULE = "Unknown persistent id: Module:model."
-
 
 def _say(message: str) -> None:
     print(f"[panel] {message}", file=sys.stderr, flush=True)
@@ -100,18 +97,10 @@ def cases(names: List[str], line: str) -> List[str]:
 CAUSAL_LM_FAMILIES = ("Bert",)
 
 
-#: What each predicted failure is, as the report says it.
-BUGS = {
-    "key": "the key bug (the stock key names no masked-LM class; the server rebuilds AutoModelForCausalLM)",
-    "envoy": "the envoy bug (0.7.0's synthesized envoy class cannot be rebuilt: hooked_output)",
-    "bfloat16": ("the model itself fails when loaded in the server's bfloat16, also without nnsight "
-                 "(models.PanelModel.fails_in_bfloat16; tests/test_upstream_repros.py; the fix, for upstream: "
-                 "patches/multimolecule-v0.2.2)"),
-}
-
-
 def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict:
-    """What a pairing of ``line`` should give for a model, from the model's facts and the server's.
+    """What a pairing of ``line`` should give for a model, from the model's declared facts and the server
+    flavour's, by the one rule (:func:`nnsight_repro.outcomes.outcome`; preflight reads the same facts off a
+    checkpoint instead).
 
     The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
     key bug), so the server rebuilds the encoder as AutoModelForCausalLM: a family without one fails to
@@ -125,17 +114,23 @@ def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict
     without its fix (``PanelModel.bfloat16_fix``): that fails on the server with the model's own error.
     """
     entry = panel_models.get(name)
-    if client == "main" and entry.encoder:
-        if not entry.model_class.startswith(CAUSAL_LM_FAMILIES):
-            return {"outcome": "fail", "bug": "key", "message": PROVISIONING}
-        if entry.automodel == "AutoModel":
-            return {"outcome": "fail", "bug": "key", "message": UNKNOWN_MODULE}
-        if entry.has_output_child:
-            return {"outcome": "fail", "bug": "envoy", "message": HOOKED_OUTPUT}
-    fixes = {f.series for f in server_packages.flavours([flavour]) if f.series}
-    if entry.fails_in_bfloat16 and config.generation(line).dtype == "bfloat16" and entry.bfloat16_fix not in fixes:
-        return {"outcome": "fail", "bug": "bfloat16", "message": entry.fails_in_bfloat16}
-    return {"outcome": "ok"}
+    facts = outcomes.ModelFacts(
+        wrapped_class=entry.model_class, automodel=entry.automodel, task=entry.task,
+        collides=entry.has_output_child, has_causal_lm=entry.model_class.startswith(CAUSAL_LM_FAMILIES),
+        # A head model keeps the base model under a prefix (``bert.``), as BertLMHeadModel does; a base model
+        # (``AutoModel``) has its modules at the root.
+        causal_lm_keeps_paths=entry.automodel != "AutoModel",
+        requires=entry.requires, fails_in_bfloat16=entry.fails_in_bfloat16, bfloat16_fix=entry.bfloat16_fix)
+    return outcomes.outcome(facts, client, server_facts(line, flavour))
+
+
+def server_facts(line: str, flavour: str = FLAVOUR) -> "outcomes.ServerFacts":
+    """The local stack of ``line`` on a server ``flavour``, as the rule sees a server: its dtype, the packages
+    it imports where it builds models, and the fix series applied to them."""
+    chosen = server_packages.flavours([flavour])
+    return outcomes.ServerFacts(line=line, dtype=config.generation(line).dtype,
+                                packages=frozenset(m for f in chosen for m in f.imports),
+                                fixes=frozenset(f.series for f in chosen if f.series))
 
 
 #: How a model actor's process shows in /proc: Ray titles an actor's worker ``ray::<class>`` (plus the method
@@ -413,11 +408,15 @@ def report_path(root: Path, line: str, flavour: str = FLAVOUR) -> Path:
     return root / f"ndif_{line}" / ("panel.json" if flavour == FLAVOUR else f"panel+{flavour}.json")
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif panel",
                                      description="Every panel model traced with remote=True on a multimolecule "
-                                                 "flavour of the local NDIF stack(s).")
+                                                 "flavour of the local NDIF stack(s).",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="exit status:\n"
+                                            "  0  the report was written (a model that fails is a record in it)\n"
+                                            "  2  usage error, or a stack could not be brought up (the message "
+                                            "says why)\n")
     parser.add_argument("--line", choices=sorted(PAIRINGS), action="append",
                         help="the nnsight line (repeatable; default both)")
     parser.add_argument("--models", default=None,
@@ -432,16 +431,22 @@ def main(argv=None) -> int:
     parser.add_argument("--out-root", default=str(ROOT / "results"),
                         help="results root: writes <root>/ndif_<line>/panel.json and panel.md "
                              "(panel+<flavour>.* for another --with)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     known = panel_models.extended()
     names = list(known) if args.models is None else [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
-        parser.error(f"unknown model(s) {', '.join(unknown) or '(none given)'}; the panel has: {', '.join(known)}")
+        cli.error(f"unknown model(s) {', '.join(unknown) or '(none given)'}; the panel has: {', '.join(known)}")
     if args.batch < 1:
-        parser.error(f"--batch must be at least 1, not {args.batch}")
+        cli.error(f"--batch must be at least 1, not {args.batch}")
     if args.memory_limit is not None and args.memory_limit < 1:
-        parser.error(f"--memory-limit is a positive number of MiB, not {args.memory_limit}")
+        cli.error(f"--memory-limit is a positive number of MiB, not {args.memory_limit}")
     command = provenance.command_line(argv, program="python3 -m nnsight_repro ndif panel")
     try:
         for line in args.line or ["0.8", "0.7"]:

@@ -274,9 +274,17 @@ def markdown(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="probe_ndif.py", description="Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.")
-    parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="probe_ndif.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Can our model panel run on NDIF? Probes declared as data, sent to a live host, results as JSON.",
+        epilog=f"exit status:\n"
+               f"  0  every probe observed what its declaration expects\n"
+               f"  {EXIT_MISMATCH}  some probe observed something else (the record says which)\n"
+               f"  {EXIT_BAD_INPUT}  bad input: the probe file, --probe, --line or --with (recorded as refused)\n")
+    parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES,
+                        help=f"the probe declarations, TOML (default: {DEFAULT_PROBES.relative_to(ROOT)}; its schema "
+                             f"is at its top)")
     parser.add_argument("--probe", metavar="ID,...", help="only these probes of the file, comma-separated ids "
                                                           "(default: every probe)")
     parser.add_argument("--line", default=",".join(CLIENT_LINES),
@@ -285,8 +293,14 @@ def main(argv=None) -> int:
                         help="the server has this flavour's packages (repeatable; as `ndif up --with`): "
                              "local stacks of that flavour, and each probe's expect_with.<flavour>")
     parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"directory for the records, <client line>-<stamp>.json and .md "
+                             f"(default: {DEFAULT_OUT.relative_to(ROOT)})")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
 
     def say(message: str) -> None:
         print(f"[probe_ndif] {message}", flush=True)
