@@ -138,13 +138,17 @@ def _built(rows: List[dict]) -> str:
     return f"builds `{built.pop()}`" if len(built) == 1 else ""
 
 
-def _stock_public(name: str, s: dict) -> Cell:
-    rows = _rows_by_model(s["panel07"], "main").get(name, [])
+def _live(rows: List[dict]) -> Cell:
+    """What a local stack's rows say: not measured, yes (with the class built), or no (with why)."""
     if not rows:
         return NOT_MEASURED
     if _all_ok(rows):
         return Cell("yes", _built(rows), "L")
     return Cell("no", _failure(rows), "L")
+
+
+def _stock_public(name: str, s: dict) -> Cell:
+    return _live(_rows_by_model(s["panel07"], "main").get(name, []))
 
 
 def _rebuild_without_package(verify: Optional[dict], name: str) -> Optional[bool]:
@@ -186,10 +190,8 @@ def _fixed_public(name: str, s: dict) -> Cell:
 
 def _own_server(name: str, s: dict) -> Cell:
     rows = _rows_by_model(s["panel07"], "patched").get(name, [])
-    if not rows:
-        return NOT_MEASURED
-    if _all_ok(rows):
-        return Cell("yes", _built(rows), "L")
+    if not rows or _all_ok(rows):
+        return _live(rows)
     why = _failure(rows)
     fixed = _rows_by_model(s["panel07_fixed_mm"], "patched").get(name, [])
     entry = models.get(name)
