@@ -378,7 +378,7 @@ RNA_PANEL: Dict[str, PanelModel] = {
         # Its sinusoidal position table (multimolecule's SinusoidalEmbedding, a non-persistent buffer) is
         # built float32 whatever dtype the model is loaded in; added to bfloat16 word embeddings it makes
         # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU. The fix, for upstream:
-        # patches/multimolecule-v0.2.2/0001-build-the-sinusoidal-position-table-in-the-default-d.patch
+        # patches/multimolecule-v0.2.2/0002-build-the-sinusoidal-position-table-in-the-default-d.patch
         # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released, and
         # with the fix on the multimolecule-patched server flavour.
         _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,

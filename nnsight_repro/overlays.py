@@ -85,11 +85,11 @@ def with_series(env, series_name: str, destination: Path) -> Path:
 
     The installed package, not the source tree, because only the installed
     copy carries the compiled ``.save()`` extension. Its ``.py`` files are
-    the sdist's byte for byte, so the series' base check holds for them; the
-    tests the series touches come from the environment's source tree, and so
-    does ``.github`` (a series adds its test files to CI's list there). The
-    copy is laid out as that tree (``src/nnsight``, ``tests``, ``.github``) so
-    the series applies with the project's own ``series.apply``.
+    the sdist's byte for byte, so the series' base check holds for them; what
+    else a series touches comes from the environment's source tree: ``tests``,
+    ``docs`` (a fix updates the page it invalidates) and ``.github`` (a series
+    adds its test files to CI's list there). The copy is laid out as that tree
+    so the series applies with the project's own ``series.apply``.
     """
     from . import series
 
@@ -97,8 +97,9 @@ def with_series(env, series_name: str, destination: Path) -> Path:
     shutil.copytree(site_packages(env, "nnsight") / "nnsight", destination / "src" / "nnsight",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(env.source / "tests", destination / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    if (env.source / ".github").is_dir():
-        shutil.copytree(env.source / ".github", destination / ".github")
+    for folder in ("docs", ".github"):
+        if (env.source / folder).is_dir():
+            shutil.copytree(env.source / folder, destination / folder)
     series.apply(series_name, destination)
     return destination / "src"
 

@@ -40,7 +40,11 @@ class Line:
 
 LINES = {
     "0.8.1": Line("upstream-0.8", "nnsight-v0.8.1-extras",
-                  ("tests/test_serialization.py", "-k", "TestDecoratedFunctions"), 12, frozenset()),
+                  ("tests/test_serialization.py", "-k", "TestDecoratedFunctions"), 15,
+                  # The fallback for a wrapper whose own state cannot be pickled sends the wrapped
+                  # function, as the release does: these two pin that both builds agree.
+                  frozenset({"test_wrapper_whose_closure_cannot_be_pickled_sends_the_wrapped_function",
+                             "test_torch_compile_helper_goes_undecorated"})),
     "0.7.0": Line("main", "nnsight-v0.7.0-extras",
                   ("tests/test_decorated_function_serialization.py",), 18,
                   frozenset({"test_function_without_source_is_refused_naming_it",
