@@ -1,5 +1,5 @@
-"""Two file-system idioms the project relies on, written once: an exclusive lock across processes, and a
-text file that appears whole or not at all.
+"""Three file-system idioms the project relies on, written once: an exclusive lock across processes, and a
+text file or a folder that appears whole or not at all.
 
 Stdlib only. Not here: the stack's non-blocking lock (``ndif.stack``), which refuses a second ``up``
 instead of waiting, and ``bytecode.py``'s links, which run as a script in a venv before the project is
@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -33,3 +35,17 @@ def write_text(path: Path, text: str) -> None:
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     staging.write_text(text)
     os.replace(staging, path)
+
+
+@contextlib.contextmanager
+def staged_directory(target: Path):
+    """Yields an empty staging folder beside ``target``, renamed to ``target`` when the block ends without an
+    error, removed otherwise: a reader sees no ``target`` or a whole one. ``target`` must not exist; hold a
+    :func:`locked` lock around the check and the block where two builders may race."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield staging
+        os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from . import fsutil, paths
@@ -155,17 +152,13 @@ def build() -> Path:
     with fsutil.locked(cache.parent / f".{cache.name}.lock"):
         if built(cache):
             return cache
-        staging = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
-        try:
+        with fsutil.staged_directory(cache) as staging:
             repo = repo_folder(staging)
             snapshot = repo / "snapshots" / commit()
             snapshot.mkdir(parents=True)
             write_model(snapshot)
             write_tokenizer(snapshot)
             fsutil.write_text(repo / "refs" / "main", commit())
-            os.rename(staging, cache)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     return cache
 
 

@@ -20,11 +20,9 @@ Stdlib only.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -59,8 +57,7 @@ def ensure(requirement: str, python: Path) -> Path:
         if stamp and stamp.get("requirement") == requirement:
             return target / "site"
         shutil.rmtree(target, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        with fsutil.staged_directory(target) as staging:
             try:
                 command = uvtool.command("pip", "install", "--quiet", "--python", str(python), "--no-deps",
                                          "--target", str(staging / "site"), requirement)
@@ -74,9 +71,6 @@ def ensure(requirement: str, python: Path) -> Path:
                 raise OverlayError(f"uv could not install {requirement} as an overlay"
                                    f"{': ' + why if why else ''}:\n{tail}")
             (staging / "overlay.json").write_text(json.dumps({"requirement": requirement, "python": str(python)}))
-            os.rename(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     return target / "site"
 
 
