@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -636,7 +635,7 @@ def driver(args) -> int:
     if args.json:
         document = {
             "benchmark": "overloaded_mount",
-            "provenance": provenance.record(shlex.join(["python3", *sys.argv]), versions=versions,
+            "provenance": provenance.record(provenance.command_line(), versions=versions,
                                             details={"load_average_start": load_start,
                                                      "load_average_end": os.getloadavg()}),
             "settings": {"model": MODEL, "layers": layer_counts, "repeats": args.repeats, "rounds": args.rounds,

@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for name in [*TEST_ENVS, "tools"]:
         envs.ensure(name)  # warm means built: a build inside a timed run would swamp it
+    commit = provenance.commit(ROOT)  # what ran: read before the runs, which take minutes
     runs = {name: [] for name in SELECTIONS}
     load = [os.getloadavg()]
     for round_ in range(args.rounds):
@@ -76,9 +77,8 @@ def main(argv=None) -> int:
     print(f"warm verify (every model): median {median['all']:.1f} s against a budget of {args.budget:.0f} s: "
           f"{'within' if within else 'OVER'}")
     if args.json:
-        record = {"provenance": provenance.record(
-                      " ".join(["python3", "benchmarks/bench_verify.py", *(argv or sys.argv[1:])]),
-                      versions=runs["all"][-1]["environments"]),
+        record = {"provenance": provenance.record(provenance.command_line(), versions=runs["all"][-1]["environments"],
+                                                  details={"commit": commit}),
                   "load_average": load, "runs": runs, "summary": summary}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
