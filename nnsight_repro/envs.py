@@ -23,7 +23,6 @@ Stdlib only: this runs before anything is installed.
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import json
 import os
@@ -260,16 +259,7 @@ def _locked(name: str):
 
 def _building(name: str) -> bool:
     """Whether another process holds the build lock right now."""
-    lock_path = cache_dir() / "envs" / f".{name}.lock"
-    if not lock_path.exists():
-        return False
-    with open(lock_path) as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        return False
+    return fsutil.is_locked(cache_dir() / "envs" / f".{name}.lock")
 
 
 def _read_stamp(path: Path, filename: str = "env.json") -> Optional[dict]:
