@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import ROOT, channel, envs, series
+from . import ROOT, channel, envs, sdists, series
 
 TEST_ENVS = ["main", "patched", "upstream-0.8"]
 #: Never checked, but needed: Modal's client (tests/test_modal_verify_patch.py) and matplotlib (verify plots).
@@ -87,20 +87,13 @@ def cmd_series(args) -> int:
 
 def _sdist_tree(name: str) -> Path:
     """The released sdist of the series' base, extracted into the cache."""
-    import tarfile
-
     b = series.base(name)
     version = b.tag.lstrip("v")
     spec = next((s for s in envs.SPECS.values() if s.nnsight == version), None)
     if spec is None or b.repo != "ndif-team/nnsight":
         raise series.SeriesError(f"No released sdist of {b.describe()} is pinned here: pass --repo (a checkout "
                                  f"of {b.commit[:10]}) or --tree.")
-    archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
-    target = envs.cache_dir() / "sdists" / f"nnsight-{version}"
-    if not target.is_dir():
-        with tarfile.open(archive) as tar:
-            tar.extractall(target.parent, filter="data")
-    return target
+    return sdists.tree(spec.nnsight, spec.sdist_sha256)
 
 
 def cmd_modal(args) -> int:

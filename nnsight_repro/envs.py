@@ -17,25 +17,23 @@ A directory without a stamp is a half-built environment and is never used; a
 stamp with another digest is an environment from other inputs. A warm start
 reads one small file and hashes a few more.
 
+Owns: which environments exist, their inputs and digest, the stamp, when one is built (ready, stale,
+half-built, missing; one builder at a time) and how a child runs in one. Does not own how one is built
+(:mod:`nnsight_repro.env_build`) or where its released files come from (:mod:`nnsight_repro.sdists`).
+
 Stdlib only: this runs before anything is installed.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
+import importlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import urllib.parse
-import urllib.request
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
@@ -100,53 +98,6 @@ def log(message: str) -> None:
 
 
 # Inputs --------------------------------------------------------------------
-
-def sdist(version: str, sha256: str) -> Path:
-    """The nnsight sdist, downloaded once into the cache and checked against its pinned hash."""
-    return download("nnsight", f"nnsight-{version}.tar.gz", sha256)
-
-
-def download(project: str, filename: str, sha256: str) -> Path:
-    """``filename`` of ``project`` from the first package index pip is configured with that lists it (its
-    simple API: one page, one file, nothing built), cached and hash-checked."""
-    folder = cache_dir() / "sdists"
-    path = folder / filename
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        with fsutil.locked(folder / f".{filename}.lock"), tempfile.TemporaryDirectory(dir=folder) as scratch:
-            if path.is_file():  # another build fetched it while this one waited
-                return download(project, filename, sha256)
-            log(f"downloading {filename}")
-            fetched = Path(scratch) / filename
-            problems = []
-            for index in uvtool.pip_indexes():
-                page = f"{index.rstrip('/')}/{project}/"
-                if page.startswith("file:"):  # a local mirror is a folder per project, its page index.html
-                    page += "index.html"
-                try:
-                    with urllib.request.urlopen(page, timeout=60) as response:
-                        links = re.findall(r'href="([^"]+)"', response.read().decode("utf-8", "replace"))
-                    url = next((urllib.parse.urljoin(page, link) for link in links
-                                if urllib.parse.urlsplit(link).path.rsplit("/", 1)[-1] == filename), None)
-                    if url is None:
-                        problems.append(f"{page} does not list it")
-                        continue
-                    with urllib.request.urlopen(url, timeout=300) as response, open(fetched, "wb") as fh:
-                        shutil.copyfileobj(response, fh)
-                    break
-                except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
-                    problems.append(f"{page}: {getattr(exc, 'reason', exc)}")
-            if not fetched.is_file():
-                raise EnvError(f"Could not get {filename} from the package index ({'; '.join(problems)}). "
-                               f"Fix: restore access to PyPI, or put {filename} into {folder}.")
-            os.replace(fetched, path)
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != sha256:
-        raise EnvError(
-            f"{path} has sha256 {actual}, not the pinned {sha256}. "
-            f"Delete it so it is downloaded again, or update the pin if the release changed."
-        )
-    return path
 
 
 def inputs(s: Union[Spec, ToolSpec]) -> dict:
@@ -242,7 +193,7 @@ def built_versions() -> Dict[str, dict]:
     environments and the NDIF server ones alike, the tool environments aside (no nnsight to report)."""
     found = {}
     for path in sorted(p.parent for p in (cache_dir() / "envs").glob("*/env.json")):
-        stamp = _read_stamp(path)
+        stamp = read_stamp(path)
         if stamp is not None and path.name not in TOOLS:
             found[path.name] = reported_versions(Env(path.name, path, stamp))
     return found
@@ -262,7 +213,8 @@ def _building(name: str) -> bool:
     return fsutil.is_locked(cache_dir() / "envs" / f".{name}.lock")
 
 
-def _read_stamp(path: Path, filename: str = "env.json") -> Optional[dict]:
+def read_stamp(path: Path, filename: str = "env.json") -> Optional[dict]:
+    """The stamp in the folder ``path`` (or another JSON file of it), None where it is missing or unreadable."""
     try:
         return json.loads((path / filename).read_text())
     except (OSError, ValueError):
@@ -280,8 +232,11 @@ def ensure(name: str, build: bool = True) -> Env:
     With ``build=False`` a missing or stale environment is an error naming the
     command that builds it, instead of a build.
     """
+    from . import env_build  # it imports this module for the specs and the stamp
+
     s = spec(name)
-    return cached(name, env_dir(name), lambda: inputs(s), lambda path, wanted, digest: _build(s, path, wanted, digest),
+    return cached(name, env_dir(name), lambda: inputs(s),
+                  lambda path, wanted, digest: env_build.build(s, path, wanted, digest),
                   build=build, how_to_build=f"python3 -m nnsight_repro envs build {name}")
 
 
@@ -295,7 +250,7 @@ def cached(name: str, path: Path, wanted_inputs, builder, *, build: bool, how_to
     with _locked(name):
         wanted = wanted_inputs()
         digest = digest_of(wanted)
-        stamp = _read_stamp(path)
+        stamp = read_stamp(path)
         if stamp and stamp.get("digest") == digest and Path(path / "venv" / "bin" / "python").exists():
             return Env(name, path, stamp)
         if stamp:
@@ -318,41 +273,15 @@ def cached(name: str, path: Path, wanted_inputs, builder, *, build: bool, how_to
         path.mkdir(parents=True)
         builder(path, wanted, digest)
         log(f"built {name!r} in {time.monotonic() - started:.0f} s")
-        return Env(name, path, _read_stamp(path))
+        return Env(name, path, read_stamp(path))
 
 
 def state(name: str, path: Path, current_digest: str) -> str:
     """ready, building, stale, half-built or missing."""
-    stamp = _read_stamp(path)
+    stamp = read_stamp(path)
     return ("ready" if stamp and stamp.get("digest") == current_digest else
             "building" if _building(name) else
             "stale" if stamp else "half-built" if path.exists() else "missing")
-
-
-def stepper(name: str, build_log: Path):
-    """Runs one build command, logging it; a failure raises with the log's tail and where the full log is.
-
-    Each step announces itself on one line (environment, phase, seconds since the build began), so a long
-    build is never silent; its output goes to ``build_log``.
-    """
-    started = time.monotonic()
-
-    def step(description: str, command: List[str], env: Optional[dict] = None) -> str:
-        log(f"{name}: {description} (+{time.monotonic() - started:.1f} s)")
-        with open(build_log, "a") as fh:
-            fh.write(f"\n$ {' '.join(command)}\n")
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
-        with open(build_log, "a") as fh:
-            fh.write(result.stdout + result.stderr)
-        if result.returncode:
-            output = (result.stderr or result.stdout).strip()
-            tail = "\n".join(output.splitlines()[-15:])
-            why = uvtool.explain(output) if command and command[0] == str(uvtool.binary()) else ""
-            raise EnvError(f"Building {name!r} failed while {description}"
-                           f"{': ' + why if why else ''} (full log: {build_log}):\n{tail}")
-        return result.stdout
-
-    return step
 
 
 def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[str]) -> None:
@@ -361,209 +290,6 @@ def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[s
              "packages": freeze}
     fsutil.write_text(path / "env.json", json.dumps(stamp, indent=1))
 
-
-# The build ------------------------------------------------------------------
-#
-# Every venv is made and filled by uv (:mod:`nnsight_repro.uvtool`), all sharing one uv cache, in this order:
-#
-# 1. ``uv venv`` from the interpreter the inputs name.
-# 2. The pinned requirements and torch in one resolution. torch comes as the CPU wheel file from a
-#    find-links directory, named by path, so no resolver can pick a multi-GB CUDA build from PyPI; the
-#    pins file's ``torch==`` line then only checks its version.
-# 3. nnsight built into a wheel from the (patched) source with ``uv build`` and pinned build
-#    requirements (``pins/build.txt``), then installed without dependencies, every one of which step 2
-#    pinned; ``uv pip check`` then proves none is missing. Building the wheel explicitly (instead of
-#    installing the source directory) keeps uv's cache out of it: uv keys a directory's build by its
-#    pyproject's mtime, which the sdist fixes, so a rebuilt ``patched`` could get the previous series'
-#    wheel back. Compiling nnsight's C extension is most of that step, and one release's wheel is the
-#    same in every environment that installs it, so it is built once into the cache (``release_wheel``);
-#    a series that changes only Python files (each of ours) goes into a copy of it (``series_wheel``).
-# 4. The import check, which compiles what it imports; each of those .pyc is shared through a store with
-#    every venv that installs the same file (``bytecode.py``). Anything else is compiled by the first
-#    process that imports it, once per venv.
-
-BUILD_PINS = PINS / "build.txt"
-
-
-def uv_step(step, description: str, *args: str, env: Optional[dict] = None) -> str:
-    try:
-        command = uvtool.command(*args)
-    except uvtool.UvError as exc:
-        raise EnvError(str(exc)) from None
-    return step(description, command, env=uvtool.environ(env))
-
-
-def torch_wheel(pins: Path) -> Path:
-    """The local CPU torch wheel of the version ``pins`` names; a clear error when this machine has none."""
-    torch_pin = next(line for line in pins.read_text().splitlines() if line.startswith("torch=="))
-    version = torch_pin.split("==", 1)[1].strip()
-    found = uvtool.find_wheel("torch", version)
-    if found is None:
-        looked = ", ".join(uvtool.pip_find_links()) or "none configured"
-        raise EnvError(f"No local CPU wheel of torch {version} in pip's find-links directories ({looked}). "
-                       f"Fix: put torch-{version}+cpu-<tags>.whl (from https://download.pytorch.org/whl/cpu) into "
-                       f"one of them, or name its directory in PIP_FIND_LINKS; the project never lets a resolver "
-                       f"choose torch, since PyPI's Linux wheel is the CUDA build.")
-    return found
-
-
-def make_venv(step, path: Path) -> str:
-    venv = path / "venv"
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    uv_step(step, "creating the venv", "venv", "--quiet", "--python", base, str(venv))
-    return str(venv / "bin" / "python")
-
-
-def install_pins(step, python: str, pins: Path, *, torch: bool = True, extra: List[str] = ()) -> None:
-    """Step 2: the pinned requirements (and the local CPU torch wheel) in one resolution."""
-    wheel = [str(torch_wheel(pins))] if torch else []
-    count = sum(1 for line in pins.read_text().splitlines() if line.strip() and not line.startswith("#"))
-    uv_step(step, f"resolving and installing {count} pinned packages ({pins.name})",
-            "pip", "install", "--python", python, "-r", str(pins), *wheel, *extra)
-
-
-def build_wheel(step, source: Path, out: Path, version: str, what: str, python: Optional[str] = None) -> Path:
-    """Step 3a: a wheel of ``source`` (compiling nnsight's C extension), with pinned build requirements."""
-    # Same version string for main and patched: the sdist's PKG-INFO gives it; the override only guards
-    # against a setuptools-scm that looks elsewhere (a git checkout around the tree).
-    env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_NNSIGHT": version}
-    uv_step(step, f"building the nnsight {version} wheel from {what} (compiling its C extension)",
-            "build", "--quiet", "--wheel", "--python", python or sys.executable, "--build-constraints", str(BUILD_PINS),
-            "--out-dir", str(out), str(source), env=env)
-    wheels = sorted(out.glob(f"nnsight-{version}-*.whl"))
-    if len(wheels) != 1:
-        raise EnvError(f"Building the nnsight wheel from {source} left {len(wheels)} wheels in {out}.")
-    return wheels[0]
-
-
-def release_wheel(step, version: str, sha256: str) -> Path:
-    """Step 3a: the wheel of nnsight ``version``'s sdist, built once per sdist, build pins and interpreter into
-    the cache and shared by every environment that installs the release (``main`` and the line's NDIF servers).
-
-    Built under a lock and moved into place whole, so a build that fails or is killed leaves no wheel behind.
-    """
-    key = digest_of({"sdist_sha256": sha256, "build_pins_sha256": hashlib.sha256(BUILD_PINS.read_bytes()).hexdigest(),
-                     "uv": uvtool.VERSION, "python": sys.version.split()[0], "python_home": sys.base_prefix})
-    folder = cache_dir() / "wheels" / f"nnsight-{version}-{key}"
-    with fsutil.locked(folder.with_name(f".{folder.name}.lock")):
-        found = sorted(folder.glob(f"nnsight-{version}-*.whl"))
-        if found:
-            log(f"nnsight {version}: its wheel was built before ({found[0].name}), not compiled again")
-            return found[0]
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent) as scratch, tarfile.open(sdist(version, sha256)) as tar:
-            tar.extractall(scratch, filter="data")
-            built = build_wheel(step, Path(scratch) / f"nnsight-{version}", Path(scratch) / "dist", version, "the sdist")
-            folder.mkdir(exist_ok=True)
-            os.replace(built, folder / built.name)
-            return folder / built.name
-
-
-def series_wheel(release: Path, name: str, source: Path, out: Path) -> Optional[Path]:
-    """``release`` with every file of nnsight the series ``name`` changes taken from ``source`` (the tree it
-    was applied to), written into ``out``: the wheel a build of ``source`` would give, without compiling
-    the C extension again. None when the series touches anything else a build reads (C sources, build
-    configuration), which then needs a build of its own."""
-    changed = series.touched(name)
-    # CI configuration (.github/: a series adds its tests to the workflow's list) is not read by a build.
-    if not all((p.startswith("src/nnsight/") and p.endswith(".py")) or p.startswith(("tests/", "docs/", ".github/"))
-               for p in changed):
-        return None
-    replaced = {p[len("src/"):]: source / p for p in changed if p.startswith("src/")}
-
-    def record_line(path: str, data: bytes) -> str:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        return f"{path},sha256={digest},{len(data)}"
-
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / release.name
-    with zipfile.ZipFile(release) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
-        record = next(n for n in old.namelist() if n.endswith(".dist-info/RECORD"))
-        lines = []
-        for line in old.read(record).decode().splitlines():
-            path = line.rsplit(",", 2)[0]
-            if path not in replaced:
-                lines.append(line)
-        for info in old.infolist():
-            if info.filename != record and info.filename not in replaced:
-                new.writestr(info, old.read(info))
-        for path, file in replaced.items():
-            if file.is_file():  # a file the series deletes is simply left out
-                data = file.read_bytes()
-                new.writestr(path, data)
-                lines.append(record_line(path, data))
-        new.writestr(record, "\n".join(lines) + "\n")
-    return target
-
-
-def checked(step, python: str, description: str, code: str) -> str:
-    """Step 4: the build's import check, ``code`` run by the new venv; its output.
-
-    Its bytecode is shared (``bytecode.py``): first every ``.pyc`` another venv compiled for the same
-    installed file is linked in, then the check runs with bytecode writing on, compiling what it imports
-    and nothing else, and what it compiled goes into the store for the next venv.
-    """
-    site = str(next(Path(python).parent.parent.glob("lib/python*/site-packages")))
-    share = [python, str(Path(__file__).with_name("bytecode.py"))]
-    store = str(cache_dir() / "pyc")
-    linked = step("linking the .pyc other venvs compiled", [*share, "link", site, store]).strip()
-    writing = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    output = step(description, [python, "-c", code], env=writing)
-    published = step("sharing the .pyc it compiled", [*share, "publish", site, store]).strip()
-    log(f"{Path(python).parent.parent.parent.name}: bytecode: {linked}; {published}")
-    return output
-
-
-def freeze(step, python: str) -> List[str]:
-    return uv_step(step, "recording the installed packages", "pip", "freeze", "--python", python).splitlines()
-
-
-def _build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> None:
-    step = stepper(s.name, path / "build.log")
-    if isinstance(s, ToolSpec):
-        _build_tool(s, path, wanted, digest, step)
-        return
-
-    archive = sdist(s.nnsight, s.sdist_sha256)
-    source = path / "src"
-    with tempfile.TemporaryDirectory(dir=path) as scratch, tarfile.open(archive) as tar:
-        tar.extractall(scratch, filter="data")
-        os.replace(Path(scratch) / f"nnsight-{s.nnsight}", source)
-    if s.series:
-        log(f"{s.name}: applying the series {s.series}")
-        try:
-            series.apply(s.series, source)
-        except series.SeriesError as exc:
-            raise EnvError(f"Building {s.name!r}: {exc}") from None
-
-    python = make_venv(step, path)
-    install_pins(step, python, PINS / s.pins)
-    release = release_wheel(step, s.nnsight, s.sdist_sha256)
-    with tempfile.TemporaryDirectory(dir=path) as out:
-        wheel = release
-        if s.series:
-            wheel = series_wheel(release, s.series, source, Path(out))
-            if wheel:
-                log(f"{s.name}: the release's wheel with the series' files (it changes Python files only)")
-            else:
-                wheel = build_wheel(step, source, Path(out), s.nnsight, "the series-patched sdist")
-        uv_step(step, f"installing nnsight {s.nnsight}", "pip", "install", "--python", python, "--no-deps",
-                "--reinstall-package", "nnsight", str(wheel))
-    uv_step(step, "checking that every requirement is installed", "pip", "check", "--python", python)
-    installed = checked(step, python, "checking the install (importing nnsight)",
-                        "import importlib.metadata as m, nnsight; print(m.version('nnsight'))").strip()
-    if installed != s.nnsight:
-        raise EnvError(f"Building {s.name!r}: installed nnsight reports {installed}, expected {s.nnsight}.")
-    write_stamp(path, s.name, digest, wanted, freeze(step, python))
-
-
-def _build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
-    python = make_venv(step, path)
-    install_pins(step, python, PINS / s.pins, torch=False)
-    if s.imports:
-        checked(step, python, f"checking the install (importing {', '.join(s.imports)})",
-                "import " + ", ".join(s.imports))
-    write_stamp(path, s.name, digest, wanted, freeze(step, python))
 
 
 def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = None) -> Dict[str, Env]:
@@ -611,3 +337,17 @@ def status() -> List[dict]:
                      "nnsight": getattr(s, "nnsight", "-"),
                      "series": getattr(s, "series", None)})
     return rows
+
+
+#: Names that moved out of this module, by the module that has them now: ``ndif/server_env.py`` and
+#: ``benchmarks/bench_setup.py`` still call them ``envs.<name>``.
+MOVED = {**dict.fromkeys(["BUILD_PINS", "checked", "freeze", "install_pins", "make_venv", "release_wheel", "stepper",
+                          "uv_step"], "env_build"),
+         **dict.fromkeys(["download", "sdist"], "sdists")}
+
+
+def __getattr__(name: str):
+    # Imported on first use, not at the top: both modules import this one.
+    if name in MOVED:
+        return getattr(importlib.import_module(f"{__package__}.{MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
