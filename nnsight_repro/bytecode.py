@@ -1,6 +1,6 @@
 """Shares the ``.pyc`` files of a venv's site-packages with every venv that has the same source file.
 
-Run by the venv's own interpreter around a build's import check (:func:`nnsight_repro.env_build.checked`):
+Run by the venv's own interpreter around a build's import check (:func:`nnsight_repro.envs.build.checked`):
 
     python bytecode.py link <site-packages> <store>      # before: every .pyc the store has, linked in
     python bytecode.py publish <site-packages> <store>   # after: every .pyc the check wrote, into the store

@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import ROOT, channel, envs, sdists, series
+from . import ROOT, channel, envs, series
+from .envs import sdists
 
 TEST_ENVS = ["main", "patched", "upstream-0.8"]
 #: Never checked, but needed: Modal's client (tests/test_modal_verify_patch.py) and matplotlib (verify plots).

@@ -33,7 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import envs, fsutil, provenance, sdists, series
+from . import envs, fsutil, provenance, series
+from .envs import sdists
 from .paths import cache_dir
 
 SCHEMA = "nnsight-repro/verify/3"

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from . import ROOT, env_build, envs, sdists, series
+from . import ROOT, envs, series
+from .envs import build as env_build, sdists
 
 BASE_ENV = "patched"
 EXTRAS = "nnsight-v0.7.0-extras"

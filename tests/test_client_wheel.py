@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from nnsight_repro import checks, env_build, envs, models, verify, wheel
+from nnsight_repro import checks, envs, models, verify, wheel
+from nnsight_repro.envs import build as env_build
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, env_build, envs, sdists
+from nnsight_repro import ROOT, envs
+from nnsight_repro.envs import build as env_build, sdists
 
 
 @pytest.fixture
@@ -258,7 +259,7 @@ def broken_tools(suite_uv, scratch_cache, monkeypatch):
     monkeypatch.setenv("NNSIGHT_REPRO_OFFLINE", "1")
     pins = scratch_cache / "pins"
     pins.mkdir()
-    monkeypatch.setattr(envs, "PINS", pins)
+    monkeypatch.setattr(envs.specs, "PINS", pins)
 
     def make(pin):
         (pins / "broken.txt").write_text(pin + "\n")

@@ -3,7 +3,7 @@ built (once per release, into the cache) and installed, the install checked, the
 
 Owns: the build's steps and their order, what each step logs and what its failure says. Does not own which
 environments exist, what their inputs are, or when a build is needed (:mod:`nnsight_repro.envs`), nor where
-the released files come from (:mod:`nnsight_repro.sdists`).
+the released files come from (:mod:`nnsight_repro.envs.sdists`).
 
 Stdlib only: this runs before anything is installed.
 """
@@ -21,10 +21,10 @@ import zipfile
 from pathlib import Path
 from typing import List, Optional, Union
 
-from . import envs, fsutil, series, uvtool
-from .envs import EnvError, Spec, ToolSpec, digest_of, log, write_stamp
-from .paths import cache_dir
+from .. import fsutil, series, uvtool
+from ..paths import cache_dir
 from .sdists import unpack
+from .specs import BUILD_PINS, EnvError, Spec, ToolSpec, digest_of, log, pins_file, write_stamp
 
 # Every venv is made and filled by uv (:mod:`nnsight_repro.uvtool`), all sharing one uv cache, in this order:
 #
@@ -44,7 +44,6 @@ from .sdists import unpack
 #    every venv that installs the same file (``bytecode.py``). Anything else is compiled by the first
 #    process that imports it, once per venv.
 
-BUILD_PINS = envs.PINS / "build.txt"
 
 
 def uv_step(step, description: str, *args: str, env: Optional[dict] = None) -> str:
@@ -168,7 +167,7 @@ def checked(step, python: str, description: str, code: str) -> str:
     and nothing else, and what it compiled goes into the store for the next venv.
     """
     site = str(next(Path(python).parent.parent.glob("lib/python*/site-packages")))
-    share = [python, str(Path(__file__).with_name("bytecode.py"))]
+    share = [python, str(Path(__file__).parent.parent / "bytecode.py")]
     store = str(cache_dir() / "pyc")
     linked = step("linking the .pyc other venvs compiled", [*share, "link", site, store]).strip()
     writing = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -198,7 +197,7 @@ def build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> No
             raise EnvError(f"Building {s.name!r}: {exc}") from None
 
     python = make_venv(step, path)
-    install_pins(step, python, envs.PINS / s.pins)
+    install_pins(step, python, pins_file(s))
     release = release_wheel(step, s.nnsight, s.sdist_sha256)
     with tempfile.TemporaryDirectory(dir=path) as out:
         wheel = release
@@ -220,7 +219,7 @@ def build(s: Union[Spec, ToolSpec], path: Path, wanted: dict, digest: str) -> No
 
 def build_tool(s: ToolSpec, path: Path, wanted: dict, digest: str, step) -> None:
     python = make_venv(step, path)
-    install_pins(step, python, envs.PINS / s.pins, torch=False)
+    install_pins(step, python, pins_file(s), torch=False)
     if s.imports:
         checked(step, python, f"checking the install (importing {', '.join(s.imports)})",
                 "import " + ", ".join(s.imports))

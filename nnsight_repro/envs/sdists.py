@@ -3,8 +3,8 @@ downloaded once into the project cache, checked against a pinned sha256, and unp
 
 Owns: where a download is cached, which index it comes from (the first one pip is configured with that lists
 it, through its simple API: one page, one file, nothing built) and what a missing or altered file tells the
-user. Does not own which releases are pinned (:data:`nnsight_repro.envs.SPECS`) or what is built from them
-(:mod:`nnsight_repro.env_build`).
+user. Does not own which releases are pinned (:data:`nnsight_repro.envs.specs.SPECS`) or what is built from them
+(:mod:`nnsight_repro.envs.build`).
 
 Stdlib only: this runs before anything is installed.
 """
@@ -22,8 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import List
 
-from . import envs, fsutil, uvtool
-from .paths import cache_dir
+from .. import fsutil, uvtool
+from ..paths import cache_dir
+from .specs import EnvError, log
 
 
 def sdist(version: str, sha256: str) -> Path:
@@ -40,15 +41,15 @@ def download(project: str, filename: str, sha256: str) -> Path:
         with fsutil.locked(folder / f".{filename}.lock"):
             if path.is_file():  # another build fetched it while this one waited
                 return download(project, filename, sha256)
-            envs.log(f"downloading {filename}")
+            log(f"downloading {filename}")
             with fsutil.staged_file(path) as fetched:
                 problems = _fetch(project, filename, fetched)
                 if not fetched.is_file():
-                    raise envs.EnvError(f"Could not get {filename} from the package index ({'; '.join(problems)}). "
+                    raise EnvError(f"Could not get {filename} from the package index ({'; '.join(problems)}). "
                                         f"Fix: restore access to PyPI, or put {filename} into {folder}.")
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if actual != sha256:
-        raise envs.EnvError(
+        raise EnvError(
             f"{path} has sha256 {actual}, not the pinned {sha256}. "
             f"Delete it so it is downloaded again, or update the pin if the release changed."
         )

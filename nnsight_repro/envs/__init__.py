@@ -19,106 +19,32 @@ reads one small file and hashes a few more.
 
 Owns: which environments exist, their inputs and digest, the stamp, when one is built (ready, stale,
 half-built, missing; one builder at a time) and how a child runs in one. Does not own how one is built
-(:mod:`nnsight_repro.env_build`) or where its released files come from (:mod:`nnsight_repro.sdists`).
+(:mod:`nnsight_repro.envs.build`), where its released files come from (:mod:`nnsight_repro.envs.sdists`), or
+what it is made from (:mod:`nnsight_repro.envs.specs`).
 
 Stdlib only: this runs before anything is installed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 import os
 import shutil
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional
 
-from . import ROOT, channel, fsutil, paths, series, uvtool
-from .paths import cache_dir
+from .. import ROOT, channel, fsutil, paths, series
+from ..paths import cache_dir
+from . import build as build_steps
+from .specs import (BUILD_PINS, PINS, RECIPE, SPECS, TOOLS, EnvError, Spec, ToolSpec, digest_of,  # noqa: F401
+                    inputs, log, read_stamp, spec, write_stamp)
 
-#: Bump when the build steps change, so existing environments are rebuilt.
-RECIPE = 6
-
-PINS = Path(__file__).resolve().parent / "pins"
-
-
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    line: str
-    nnsight: str
-    sdist_sha256: str
-    pins: str
-    series: Optional[str] = None
-
-
-SPECS: Dict[str, Spec] = {
-    s.name: s
-    for s in [
-        Spec("main", "0.7", "0.7.0", "5bc6678d567ecc5590b823b7bbab2c310c69f8dda6f4064684c6d488563eebee", "line-0.7.txt"),
-        Spec("patched", "0.7", "0.7.0", "5bc6678d567ecc5590b823b7bbab2c310c69f8dda6f4064684c6d488563eebee",
-             "line-0.7.txt", series="nnsight-v0.7.0"),
-        Spec("upstream-0.8", "0.8", "0.8.1", "0fd9bd354b202d39f1d1ae90cdd02c1112e628325878b49a600876994b210867",
-             "line-0.8.txt"),
-    ]
-}
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    pins: str
-    #: Imported once built, so an install that cannot import is a failed build, not a later surprise.
-    imports: Tuple[str, ...] = ()
-
-
-TOOLS: Dict[str, ToolSpec] = {
-    t.name: t for t in [ToolSpec("tools", "tools.txt", imports=("modal", "matplotlib"))]
-}
-
-
-class EnvError(Exception):
-    """An environment cannot be built or used; the message names the fix."""
-
-
-def spec(name: str) -> Union[Spec, ToolSpec]:
-    found = SPECS.get(name) or TOOLS.get(name)
-    if found is None:
-        raise EnvError(f"Unknown environment {name!r}; known: {', '.join([*SPECS, *TOOLS])}.")
-    return found
-
-
-def log(message: str) -> None:
-    print(f"[envs] {message}", file=sys.stderr, flush=True)
-
-
-# Inputs --------------------------------------------------------------------
-
-
-def inputs(s: Union[Spec, ToolSpec]) -> dict:
-    """Everything an environment is built from; its digest names the build."""
-    series_name = getattr(s, "series", None)
-    return {
-        "recipe": RECIPE,
-        "spec": asdict(s),
-        "pins_sha256": hashlib.sha256((PINS / s.pins).read_bytes()).hexdigest(),
-        "series_digest": series.digest(series_name) if series_name else None,
-        "uv": uvtool.VERSION,
-        "build_pins_sha256": (hashlib.sha256((PINS / "build.txt").read_bytes()).hexdigest()
-                              if isinstance(s, Spec) else None),
-        # The interpreter venvs are made from; the same from inside any of our venvs.
-        "python": sys.version.split()[0],
-        "python_home": sys.base_prefix,
-    }
-
-
-def digest_of(values: dict) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+# Still called envs.<name> by ndif/server_env.py and benchmarks/bench_setup.py; they belong in the submodules.
+from .. import uvtool  # noqa: E402,F401
+from .build import checked, freeze, install_pins, make_venv, release_wheel, stepper, uv_step  # noqa: E402,F401
+from .sdists import download, sdist  # noqa: E402,F401
 
 
 # Environments --------------------------------------------------------------
@@ -213,14 +139,6 @@ def _building(name: str) -> bool:
     return fsutil.is_locked(cache_dir() / "envs" / f".{name}.lock")
 
 
-def read_stamp(path: Path, filename: str = "env.json") -> Optional[dict]:
-    """The stamp in the folder ``path`` (or another JSON file of it), None where it is missing or unreadable."""
-    try:
-        return json.loads((path / filename).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _differences(old: dict, new: dict) -> str:
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return ", ".join(keys) or "digest"
@@ -232,11 +150,9 @@ def ensure(name: str, build: bool = True) -> Env:
     With ``build=False`` a missing or stale environment is an error naming the
     command that builds it, instead of a build.
     """
-    from . import env_build  # it imports this module for the specs and the stamp
-
     s = spec(name)
     return cached(name, env_dir(name), lambda: inputs(s),
-                  lambda path, wanted, digest: env_build.build(s, path, wanted, digest),
+                  lambda path, wanted, digest: build_steps.build(s, path, wanted, digest),
                   build=build, how_to_build=f"python3 -m nnsight_repro envs build {name}")
 
 
@@ -284,14 +200,6 @@ def state(name: str, path: Path, current_digest: str) -> str:
             "stale" if stamp else "half-built" if path.exists() else "missing")
 
 
-def write_stamp(path: Path, name: str, digest: str, wanted: dict, freeze: List[str]) -> None:
-    """Written last and renamed into place: its presence means the build finished."""
-    stamp = {"name": name, "digest": digest, "inputs": wanted, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "packages": freeze}
-    fsutil.write_text(path / "env.json", json.dumps(stamp, indent=1))
-
-
-
 def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = None) -> Dict[str, Env]:
     """Runs ``jobs`` (name -> ensure call): the first alone, then the rest ``parallel`` at a time.
 
@@ -337,17 +245,3 @@ def status() -> List[dict]:
                      "nnsight": getattr(s, "nnsight", "-"),
                      "series": getattr(s, "series", None)})
     return rows
-
-
-#: Names that moved out of this module, by the module that has them now: ``ndif/server_env.py`` and
-#: ``benchmarks/bench_setup.py`` still call them ``envs.<name>``.
-MOVED = {**dict.fromkeys(["BUILD_PINS", "checked", "freeze", "install_pins", "make_venv", "release_wheel", "stepper",
-                          "uv_step"], "env_build"),
-         **dict.fromkeys(["download", "sdist"], "sdists")}
-
-
-def __getattr__(name: str):
-    # Imported on first use, not at the top: both modules import this one.
-    if name in MOVED:
-        return getattr(importlib.import_module(f"{__package__}.{MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
