@@ -19,7 +19,9 @@ with no other venv and is not stored. The stored code is not tied to a path: the
 code object's file name to the source it was loaded for. Python never writes a ``.pyc`` in place (it
 writes a new file and renames it over the old one), so a venv cannot change a stored file.
 
-Stdlib only; prints one summary line. It never compiles anything itself.
+Stdlib only; prints one summary line. It never compiles anything itself. Its link-then-rename
+(:func:`replace_with_link`) is its own rather than :mod:`nnsight_repro.fsutil`'s: it runs as a script by the
+venv's interpreter, where the project is not importable.
 """
 
 import importlib.util
