@@ -23,7 +23,6 @@ from __future__ import annotations
 import configparser
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -186,7 +185,3 @@ def explain(output: str) -> str:
                 f"or delete that directory; if the build then fails the same way, the wheel it installs from is "
                 f"itself broken: replace it.")
     return ""
-
-
-def remove_cache() -> None:
-    shutil.rmtree(cache(), ignore_errors=True)
