@@ -2,10 +2,11 @@
 shared by every checkout, and one table of settings; and the variables that keep Hugging Face's libraries
 off the network (:data:`HF_OFFLINE`).
 
+Every module reads a setting through :func:`setting` (and names a variable it sets for a child through
+:func:`variable`), so the table below is the whole list.
+
 Stdlib only, though ``platformdirs`` would find the cache folder: the README's first command runs this
-package with a bare system ``python3`` on a fresh machine, before any environment exists. Every module reads a setting
-through :func:`setting` (and names a variable it sets for a child through :func:`variable`), so the
-table below is the whole list.
+package with a bare system ``python3`` on a fresh machine, before any environment exists.
 """
 
 import os
