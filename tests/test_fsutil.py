@@ -84,3 +84,18 @@ def test_a_staged_file_that_fails_leaves_the_old_one(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"] and target.read_text() == "old"
     fsutil.write_text(target, "new")
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"] and target.read_text() == "new"
+
+
+def test_a_waiter_that_raises_stops_waiting_without_the_lock(held):
+    """How ``ndif.stack.lease`` goes on under a lease its own ancestor holds."""
+
+    class Shared(Exception):
+        pass
+
+    def waiting(holder):
+        raise Shared(holder)
+
+    path, child = held(holder=True)
+    with pytest.raises(Shared) as stopped, fsutil.locked(path, wait=60, holder=True, waiting=waiting):
+        pass
+    assert str(stopped.value) == str(child.pid) and path.read_text() == str(child.pid)
