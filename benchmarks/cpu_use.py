@@ -24,62 +24,62 @@ not replace an earlier title); a Python process by ``python -m <module>``, ``pyt
 Sampled every ``interval`` seconds and once more at the end, so it misses a process that lives less than an
 interval and the last interval of every other; ``unattributed`` is the machine's busy time less what was
 attributed: those misses, this sampler's own time, and anything else the machine ran. Linux only; stdlib
-only. It measures; it does not decide anything.
+only (``/proc`` is read by :mod:`nnsight_repro.procfs`). It measures; it does not decide anything.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nnsight_repro import procfs  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "nnsr-"
-LANE_SCRIPT = b"stack_lane.py"
+LANE_SCRIPT = "stack_lane.py"
 
 
 def machine_ticks() -> dict:
-    """Cumulative ticks of all cores from ``/proc/stat``: busy, idle, iowait, steal."""
-    user, nice, system, idle, iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text()
-                                                                     .split("\n", 1)[0].split()[1:9])
+    """Cumulative ticks of all cores: busy, idle, iowait, steal."""
+    user, nice, system, idle, iowait, irq, softirq, steal = procfs.cpu_ticks()[:8]
     return {"busy": user + nice + system + irq + softirq, "idle": idle, "iowait": iowait, "steal": steal}
 
 
 def _stat(pid: str):
     """(ppid, start time, utime + stime in ticks) of a live process, else None."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        fields = procfs.stat(pid)
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
     return int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def _runs_the_lane(pid: int) -> bool:
     try:
-        return LANE_SCRIPT in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return any(LANE_SCRIPT in arg for arg in procfs.command_line(pid))
     except OSError:
         return False
 
 
 def _test_module(pid: str) -> str:
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        current = procfs.environ(pid).get("PYTEST_CURRENT_TEST")
     except OSError:
         return "session"
-    for entry in environ:
-        if entry.startswith(b"PYTEST_CURRENT_TEST="):
-            return entry.split(b"=", 1)[1].decode(errors="replace").split("::", 1)[0]
-    return "session"
+    return current.split("::", 1)[0] if current is not None else "session"
 
 
 def program(pid: str):
     """What ``pid`` runs, as :class:`CpuUse` names it by program (see the module docstring), else None."""
     try:
-        args = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        args = procfs.command_line(pid)
     except OSError:
         return None
     if not args:
@@ -141,17 +141,17 @@ class CpuUse:
 
     def _live(self) -> dict:
         live = {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and int(entry.name) != self.root:
-                stat = _stat(entry.name)
+        for pid in procfs.pids():
+            if pid != self.root:
+                stat = _stat(pid)
                 if stat:
-                    live[entry.name] = stat
+                    live[str(pid)] = stat
         return live
 
     def _namespace(self, pid: str):
         """The ``nnsr-*`` namespace ``pid`` lives in, else None."""
         try:
-            inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+            inode = procfs.net_namespace(pid)
             mtime = NETNS_DIR.stat().st_mtime_ns
         except OSError:
             return None

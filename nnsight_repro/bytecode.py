@@ -1,6 +1,6 @@
 """Shares the ``.pyc`` files of a venv's site-packages with every venv that has the same source file.
 
-Run by the venv's own interpreter around a build's import check (:func:`nnsight_repro.envs.checked`):
+Run by the venv's own interpreter around a build's import check (:func:`nnsight_repro.envs.build.checked`):
 
     python bytecode.py link <site-packages> <store>      # before: every .pyc the store has, linked in
     python bytecode.py publish <site-packages> <store>   # after: every .pyc the check wrote, into the store
@@ -19,7 +19,9 @@ with no other venv and is not stored. The stored code is not tied to a path: the
 code object's file name to the source it was loaded for. Python never writes a ``.pyc`` in place (it
 writes a new file and renames it over the old one), so a venv cannot change a stored file.
 
-Stdlib only; prints one summary line. It never compiles anything itself.
+Stdlib only; prints one summary line. It never compiles anything itself. Its link-then-rename
+(:func:`replace_with_link`) is its own rather than :mod:`nnsight_repro.fsutil`'s: it runs as a script by the
+venv's interpreter, where the project is not importable.
 """
 
 import importlib.util

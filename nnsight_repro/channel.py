@@ -145,9 +145,9 @@ class Stream:
         try:
             record = json.loads(line)
         except ValueError as exc:
-            raise self._error(f"sent a malformed result ({exc}: {line[:200]!r})") from None
+            raise self.error(f"sent a malformed result ({exc}: {line[:200]!r})") from None
         if not isinstance(record, dict):
-            raise self._error(f"sent a result that is not a JSON object: {line[:200]!r}")
+            raise self.error(f"sent a result that is not a JSON object: {line[:200]!r}")
         return record
 
     def next(self, timeout: Optional[float] = None) -> Optional[dict]:
@@ -169,15 +169,15 @@ class Stream:
                 continue
             if exited:
                 if self._buffer.strip():
-                    raise self._error(f"left an unfinished result ({self._buffer[:200]!r}) and "
+                    raise self.error(f"left an unfinished result ({self._buffer[:200]!r}) and "
                                       f"{self._exit_status()}")
                 if self.process.returncode:
-                    raise self._error(self._exit_status())
+                    raise self.error(self._exit_status())
                 return None
             if deadline is not None and time.monotonic() >= deadline:
                 self.kill()
                 self.killed_after = timeout
-                raise self._error(f"sent no result within {timeout:g} s and was killed", ChannelTimeout)
+                raise self.error(f"sent no result within {timeout:g} s and was killed", ChannelTimeout)
             # Polling, not a pipe or inotify: a file is what survives every launcher; the pause grows so an
             # idle wait costs nothing measurable and a quick child still answers within milliseconds.
             time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
@@ -192,7 +192,7 @@ class Stream:
             try:
                 record = self.next(left)
             except ChannelTimeout:
-                raise self._error(f"did not finish within {timeout:g} s and was killed", ChannelTimeout) from None
+                raise self.error(f"did not finish within {timeout:g} s and was killed", ChannelTimeout) from None
             if record is None:
                 return found
             found.append(record)
@@ -250,9 +250,13 @@ class Stream:
     def stdout_tail(self, lines: int = TAIL_LINES) -> str:
         return _tail(self.stdout_path, lines)
 
-    def _error(self, reason: str, kind: type = ChannelError) -> ChannelError:
+    def error(self, reason: str, kind: type = ChannelError) -> ChannelError:
+        """The error to raise for this child, ``reason`` with its exit status and output tails: a caller that
+        finds its records wrong (not the channel) says so in the same form."""
         return kind(self.what, self.argv, reason, returncode=self.process.returncode,
                     stderr_tail=self.stderr_tail(), stdout_tail=self.stdout_tail())
+
+    _error = error  # ndif/stack.py's client_records still calls it by this name
 
 
 def _tail(path: Path, lines: int, start: int = 0) -> str:
@@ -295,7 +299,7 @@ def run_one(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd
     with start(argv, what=what, env=env, cwd=cwd, input=input, new_session=new_session) as stream:
         records = stream.records(timeout)
         if len(records) != 1:
-            raise stream._error("exited 0 without sending a result" if not records else
+            raise stream.error("exited 0 without sending a result" if not records else
                                 f"sent {len(records)} results where one was expected")
         return records[0]
 

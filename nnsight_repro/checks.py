@@ -294,7 +294,7 @@ def rebuild_without_package(jobs: List[list]) -> Dict[str, dict]:
     where = paths.setting("ENV") or sys.prefix
     # A module of its own (nnsight_repro.rebuild_key), so the rebuild imports only nnsight and transformers.
     found = channel.run_one([sys.executable, "-m", "nnsight_repro.rebuild_key"], input=json.dumps(jobs),
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=600,
+                            env={**os.environ, **paths.HF_OFFLINE}, timeout=600,
                             what=f"a fresh interpreter of the {where!r} environment (rebuilding keys as a server would)")
     imported = found.pop("_imported")
     results = {}

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import ROOT, channel, envs, series
+from .envs import sdists
 
 TEST_ENVS = ["main", "patched", "upstream-0.8"]
 #: Never checked, but needed: Modal's client (tests/test_modal_verify_patch.py) and matplotlib (verify plots).
@@ -87,20 +88,13 @@ def cmd_series(args) -> int:
 
 def _sdist_tree(name: str) -> Path:
     """The released sdist of the series' base, extracted into the cache."""
-    import tarfile
-
     b = series.base(name)
     version = b.tag.lstrip("v")
     spec = next((s for s in envs.SPECS.values() if s.nnsight == version), None)
     if spec is None or b.repo != "ndif-team/nnsight":
         raise series.SeriesError(f"No released sdist of {b.describe()} is pinned here: pass --repo (a checkout "
                                  f"of {b.commit[:10]}) or --tree.")
-    archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
-    target = envs.cache_dir() / "sdists" / f"nnsight-{version}"
-    if not target.is_dir():
-        with tarfile.open(archive) as tar:
-            tar.extractall(target.parent, filter="data")
-    return target
+    return sdists.tree(spec.nnsight, spec.sdist_sha256)
 
 
 def cmd_modal(args) -> int:
@@ -150,7 +144,13 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=exits("0  done; each command's --help lists its own exit statuses"))
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    add_runs(sub)
+    add_tools(sub)
+    return p
 
+
+def add_runs(sub) -> None:
+    """The commands that run checks and write results: test, verify, zoo."""
     t = command(sub, "test", "build the environments and run the test suite (in the patched env)",
                 "exit status: pytest's (0 all passed, 1 some failed, 2 interrupted or a usage error, 5 no tests "
                 "collected);\n  2 also when an environment cannot be built\n")
@@ -181,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
     z.add_argument("--rerender", action="store_true", help="rewrite --out's zoo.json/zoo.md from its own records")
     z.set_defaults(run=cmd_zoo, command_line=None)
 
+
+def add_tools(sub) -> None:
+    """The commands around the runs: the environments, NDIF stacks, the wheel, Modal, the series, preflight
+    (``ndif``, ``wheel`` and ``modal`` hand their arguments to a parser of their own)."""
     e = command(sub, "envs", "build, locate or inspect the cached environments", exits("0  done"))
     e.add_argument("action", choices=["build", "status", "path", "python"],
                    help="build: build what is missing or stale; status: each one's state and versions; path: "
@@ -229,7 +233,6 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     preflight_cli.add_arguments(f)
     f.set_defaults(run=cmd_preflight)
-    return p
 
 
 def main(argv=None) -> int:

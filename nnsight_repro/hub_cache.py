@@ -121,7 +121,7 @@ def built(cache: Path) -> bool:
 
 def environ(env_name: str = "main") -> dict:
     """The variables that make transformers find the checkpoint offline, built first if missing."""
-    return {"HF_HUB_CACHE": str(ensure(env_name)), "HF_HUB_OFFLINE": "1"}
+    return {"HF_HUB_CACHE": str(ensure(env_name)), **paths.HF_OFFLINE}
 
 
 def ensure(env_name: str = "main") -> Path:

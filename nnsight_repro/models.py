@@ -19,12 +19,11 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List
 
+from . import fsutil
 from .paths import cache_dir
 
 #: Words of the toy vocabulary; sentences are made only of these.
@@ -228,23 +227,20 @@ def saved_model(name: str, layers: int | None = None) -> Path:
     target = cache_dir() / "models" / f"{name}-{layers}l-{_fingerprint(entry, layers)}"
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        if entry.pretrained is not None:
-            # Link the packaged weights instead of copying 100 MB: the wrapper only needs one directory
-            # holding both the model and its tokenizer.
-            for item in entry.pretrained().iterdir():
-                os.symlink(item, staging / item.name)
-        else:
-            build_model(entry, layers).save_pretrained(staging)
-        tokenizer_for(entry).save_pretrained(staging)
-        os.rename(staging, target)
+        with fsutil.staged_directory(target) as staging:
+            if entry.pretrained is not None:
+                # Link the packaged weights instead of copying 100 MB: the wrapper only needs one directory
+                # holding both the model and its tokenizer.
+                for item in entry.pretrained().iterdir():
+                    os.symlink(item, staging / item.name)
+            else:
+                build_model(entry, layers).save_pretrained(staging)
+            tokenizer_for(entry).save_pretrained(staging)
     except OSError:
+        # No lock around the build: a process that built the same model first wins the rename, harmlessly.
         if not (target / "config.json").is_file():
             raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

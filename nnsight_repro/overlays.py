@@ -42,7 +42,7 @@ def overlay_dir(requirement: str) -> Path:
 
 
 def _stamp(path: Path) -> Optional[dict]:
-    return envs._read_stamp(path, "overlay.json")
+    return envs.read_stamp(path, "overlay.json")
 
 
 def ensure(requirement: str, python: Path) -> Path:

@@ -1,13 +1,17 @@
 """Where the project keeps what it builds, and every ``NNSIGHT_REPRO_*`` variable it reads: one cache
-shared by every checkout, and one table of settings.
+shared by every checkout, and one table of settings; and the variables that keep Hugging Face's libraries
+off the network (:data:`HF_OFFLINE`).
 
-Stdlib only: environments are built before anything else is installed. Every module reads a setting
-through :func:`setting` (and names a variable it sets for a child through :func:`variable`), so the
-table below is the whole list.
+Every module reads a setting through :func:`setting` (and names a variable it sets for a child through
+:func:`variable`), so the table below is the whole list.
+
+Stdlib only, though ``platformdirs`` would find the cache folder: the README's first command runs this
+package with a bare system ``python3`` on a fresh machine, before any environment exists.
 """
 
 import os
 from pathlib import Path
+from types import MappingProxyType
 
 #: Each setting (its variable is ``NNSIGHT_REPRO_<NAME>``) and what it does.
 SETTINGS = {
@@ -28,6 +32,12 @@ SETTINGS = {
                            "before a model is built (nnsight_repro/ndif/server_packages.py)",
     "NDIF_<SERVICE>_PORT": "a local NDIF stack's port for <SERVICE> (API, REDIS, S3, ...)",
 }
+
+
+#: Set for every process that may load a model: an environment's children (``envs.Env.environ``), the suite
+#: (tests/conftest.py), a stack's servers. Nothing here may reach the hub; a missing file is an error, not a
+#: download.
+HF_OFFLINE = MappingProxyType({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
 def variable(name: str) -> str:

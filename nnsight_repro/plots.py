@@ -14,12 +14,11 @@ the values the check routine recorded.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List
 
-from . import channel
+from . import channel, fsutil
 
 #: Matched to environment names so the same environment looks the same in every plot. Line styles and
 #: widths differ, not only colours: main and patched should coincide exactly, and a thin dashed line over
@@ -85,10 +84,9 @@ def draw(report: dict, out_dir: Path) -> List[Path]:
         ax.legend(fontsize=8, loc="upper right")
         fig.tight_layout()
         target = out_dir / name
-        staging = target.with_name(f".{target.name}.tmp.png")
-        fig.savefig(staging)
+        with fsutil.staged_file(target) as staging:  # keeps the suffix, by which savefig picks the format
+            fig.savefig(staging)
         plt.close(fig)
-        os.replace(staging, target)
         written.append(target)
     return written
 

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import procfs
+
 #: ``date``'s format (UTC), and the one file names carry (``stamp``).
 DATE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -67,14 +69,7 @@ def commit(checkout: Path) -> str:
 
 def machine() -> dict:
     """Where the command ran; called inside a Modal container too, so GPUs are looked up, not assumed."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = procfs.cpu_model() or platform.processor()
     gpus: List[str] = []
     if shutil.which("nvidia-smi"):
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)

@@ -144,6 +144,16 @@ def probes() -> dict:
     inside["assign layer.output = zeros"] = _outcome(set_plain)
     record["in_trace"] = inside
 
+    record["paths"] = _path_probes(bert, wrapper, layer, child_attr)
+
+    record["other_names"] = _other_names(line)
+    return record
+
+
+def _path_probes(bert, wrapper, layer, child_attr: str) -> dict:
+    """How a served child is reached by path and by a rename: ``get``, ``named_modules``, ``.path``, aliases."""
+    from nnsight import NNsight
+
     paths = {
         "get('bert.encoder.layer.0.output')": lambda: wrapper.get("bert.encoder.layer.0.output"),
         f"get('bert.encoder.layer.0.{child_attr}')": lambda: wrapper.get(f"bert.encoder.layer.0.{child_attr}"),
@@ -159,10 +169,7 @@ def probes() -> dict:
             lambda: NNsight(bert, rename={"output": "out"}).bert.encoder.layer[0].out,
         "repr label": lambda: next(l.strip() for l in repr(layer).splitlines()[1:] if "Output" in l),
     }
-    record["paths"] = {k: _outcome(f) for k, f in paths.items()}
-
-    record["other_names"] = _other_names(line)
-    return record
+    return {k: _outcome(f) for k, f in paths.items()}
 
 
 def _other_names(line) -> dict:

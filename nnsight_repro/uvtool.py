@@ -23,7 +23,6 @@ from __future__ import annotations
 import configparser
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,10 +73,9 @@ def binary() -> Path:
 def _install(home: Path) -> None:
     """pip-installs the hash-pinned uv wheel into a staging directory, then renames it into place."""
     hashes = " ".join(f"--hash=sha256:{h}" for h in WHEEL_SHA256.values())
-    with tempfile.TemporaryDirectory(prefix=f".{VERSION}.", dir=home.parent) as staging:
-        requirements = Path(staging) / "uv.txt"
+    with tempfile.TemporaryDirectory() as scratch, fsutil.staged_directory(home) as target:
+        requirements = Path(scratch) / "uv.txt"
         requirements.write_text(f"uv=={VERSION} {hashes}\n")
-        target = Path(staging) / "uv"
         result = subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
              "--no-deps", "--only-binary", ":all:", "--require-hashes", "--target", str(target),
@@ -92,7 +90,6 @@ def _install(home: Path) -> None:
                     if "hash" in last.lower() else "check access to PyPI")
             raise UvError(f"Could not install uv {VERSION} from PyPI with pip (pip: {last}). Fix: {hint}, "
                           f"or point NNSIGHT_REPRO_UV at a uv {VERSION} binary.")
-        os.replace(target, home)
 
 
 def pip_config(option: str, environment: str) -> List[str]:
@@ -188,7 +185,3 @@ def explain(output: str) -> str:
                 f"or delete that directory; if the build then fails the same way, the wheel it installs from is "
                 f"itself broken: replace it.")
     return ""
-
-
-def remove_cache() -> None:
-    shutil.rmtree(cache(), ignore_errors=True)

@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tarfile
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import envs, fsutil, provenance, series
+from .envs import sdists
 from .paths import cache_dir
 
 SCHEMA = "nnsight-repro/verify/3"
@@ -105,24 +102,9 @@ def _spec_applying(series_name: str) -> envs.Spec:
 
 
 def base_tree(series_name: str) -> Path:
-    """The released sdist of the series' base, extracted once into the cache (hash-checked by ``envs.sdist``)."""
+    """The released sdist of the series' base, extracted once into the cache (hash-checked by ``sdists.sdist``)."""
     spec = _spec_applying(series_name)
-    target = cache_dir() / "sdists" / f"nnsight-{spec.nnsight}"
-    if not target.is_dir():
-        archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            with tarfile.open(archive) as tar:
-                tar.extractall(scratch, filter="data")
-            # Another process may have won the race; its tree is the same archive.
-            try:
-                os.rename(scratch / f"nnsight-{spec.nnsight}", target)
-            except OSError:
-                if not target.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    return sdists.tree(spec.nnsight, spec.sdist_sha256)
 
 
 # Running the routine ---------------------------------------------------------

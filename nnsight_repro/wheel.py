@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
 
 from . import ROOT, envs, series
+from .envs import build as env_build, sdists
 
 BASE_ENV = "patched"
 EXTRAS = "nnsight-v0.7.0-extras"
@@ -55,14 +55,12 @@ def build(out: Path, extras: bool = True, python: Optional[str] = None) -> Path:
     wanted = version(names)
     for name in names:
         series.base(name)  # a series listing another base stops here, before anything is fetched
-    archive = envs.sdist(spec.nnsight, spec.sdist_sha256)
+    sdists.sdist(spec.nnsight, spec.sdist_sha256)  # fetched before anything is written
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    step = envs.stepper("client wheel", out / f"nnsight-{wanted}.build.log")
+    step = env_build.stepper("client wheel", out / f"nnsight-{wanted}.build.log")
     with tempfile.TemporaryDirectory(prefix="nnsight-wheel-") as scratch:
-        with tarfile.open(archive) as tar:
-            tar.extractall(scratch, filter="data")
-        source = Path(scratch) / f"nnsight-{spec.nnsight}"
+        source = sdists.unpack(spec.nnsight, spec.sdist_sha256, Path(scratch) / f"nnsight-{spec.nnsight}")
         for name in names:
             envs.log(f"client wheel: applying the series {name}")
             try:
@@ -71,7 +69,7 @@ def build(out: Path, extras: bool = True, python: Optional[str] = None) -> Path:
                 series.apply(name, source, only="src")
             except series.SeriesError as exc:
                 raise envs.EnvError(f"Building the client wheel: {exc}") from None
-        built = envs.build_wheel(step, source, Path(scratch) / "dist", wanted, " + ".join(names), python=python)
+        built = env_build.build_wheel(step, source, Path(scratch) / "dist", wanted, " + ".join(names), python=python)
         target = out / built.name
         target.write_bytes(built.read_bytes())
     return target

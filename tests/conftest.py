@@ -6,9 +6,11 @@ between nnsight lines comes from ``nnsight_repro.lines``.
 
 import os
 
+from nnsight_repro.paths import HF_OFFLINE
+
 # Before transformers is imported anywhere: nothing may reach the hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+for name, value in HF_OFFLINE.items():
+    os.environ.setdefault(name, value)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

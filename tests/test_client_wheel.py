@@ -13,16 +13,17 @@ import sys
 import pytest
 
 from nnsight_repro import checks, envs, models, verify, wheel
+from nnsight_repro.envs import build as env_build
 
 
 @pytest.fixture(scope="module")
 def researcher(tmp_path_factory):
     folder = tmp_path_factory.mktemp("researcher")
     built = wheel.build(folder / "dist")
-    step = envs.stepper("researcher venv", folder / "build.log")
-    python = envs.make_venv(step, folder)
-    envs.install_pins(step, python, envs.PINS / "line-0.7.txt")
-    envs.checked(step, python, "importing torch and transformers", "import torch, transformers")
+    step = env_build.stepper("researcher venv", folder / "build.log")
+    python = env_build.make_venv(step, folder)
+    env_build.install_pins(step, python, envs.PINS / "line-0.7.txt")
+    env_build.checked(step, python, "importing torch and transformers", "import torch, transformers")
     base = getattr(sys, "_base_executable", sys.executable)
     installed = subprocess.run([base, "-m", "pip", "--python", python, "install", "--quiet", str(built)],
                                capture_output=True, text=True, timeout=600)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT, envs
+from nnsight_repro.envs import build as env_build, sdists
 
 
 @pytest.fixture
@@ -48,12 +49,12 @@ def test_sdist_with_another_hash_is_refused(scratch_cache):
     (scratch_cache / "sdists").mkdir()
     (scratch_cache / "sdists" / "nnsight-0.7.0.tar.gz").write_bytes(b"not the release")
     with pytest.raises(envs.EnvError, match="not the pinned .*Delete it"):
-        envs.sdist("0.7.0", envs.spec("main").sdist_sha256)
+        sdists.sdist("0.7.0", envs.spec("main").sdist_sha256)
 
 
 def test_missing_sdist_names_where_to_put_it(scratch_cache):
     with pytest.raises(envs.EnvError, match=r"put nnsight-0\.0\.0\.tar\.gz into"):
-        envs.sdist("0.0.0", "0" * 64)
+        sdists.sdist("0.0.0", "0" * 64)
 
 
 def test_a_download_reads_the_file_the_index_page_links_and_checks_its_hash(scratch_cache, tmp_path, monkeypatch):
@@ -64,7 +65,7 @@ def test_a_download_reads_the_file_the_index_page_links_and_checks_its_hash(scra
     (project / "files" / "nnsight-9.9.9.tar.gz").write_bytes(b"release bytes")
     (project / "index.html").write_text('<a href="files/nnsight-9.9.9.tar.gz#sha256=x">nnsight-9.9.9.tar.gz</a>')
     monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "index").as_uri())
-    path = envs.sdist("9.9.9", hashlib.sha256(b"release bytes").hexdigest())
+    path = sdists.sdist("9.9.9", hashlib.sha256(b"release bytes").hexdigest())
     assert path == scratch_cache / "sdists" / "nnsight-9.9.9.tar.gz" and path.read_bytes() == b"release bytes"
 
 
@@ -184,7 +185,7 @@ def test_a_builds_check_runs_between_link_and_publish_with_bytecode_writing_on(t
         calls.append((command[2], env))  # bytecode.py's action, or the check's code
         return "out"
 
-    assert envs.checked(step, str(python), "checking", "import x") == "out"
+    assert env_build.checked(step, str(python), "checking", "import x") == "out"
     assert [what for what, _ in calls] == ["link", "import x", "publish"]
     assert calls[1][1] is not None and "PYTHONDONTWRITEBYTECODE" not in calls[1][1]
 
@@ -223,7 +224,7 @@ def test_a_missing_torch_wheel_names_the_package_and_the_fix(tmp_path, monkeypat
     pins = tmp_path / "pins.txt"
     pins.write_text("torch==0.0.1\n")
     with pytest.raises(envs.EnvError, match=r"No local CPU wheel of torch 0\.0\.1.*Fix: put torch-0\.0\.1\+cpu"):
-        envs.torch_wheel(pins)
+        env_build.torch_wheel(pins)
 
 
 def test_uv_that_cannot_be_installed_names_uv_and_the_fix(scratch_cache, monkeypatch):
@@ -258,7 +259,7 @@ def broken_tools(suite_uv, scratch_cache, monkeypatch):
     monkeypatch.setenv("NNSIGHT_REPRO_OFFLINE", "1")
     pins = scratch_cache / "pins"
     pins.mkdir()
-    monkeypatch.setattr(envs, "PINS", pins)
+    monkeypatch.setattr(envs.specs, "PINS", pins)
 
     def make(pin):
         (pins / "broken.txt").write_text(pin + "\n")
@@ -388,7 +389,7 @@ def test_a_series_of_python_files_goes_into_the_releases_wheel_with_a_record_tha
     monkeypatch.setattr(envs.series, "touched", lambda name: [
         "src/nnsight/intervention/envoy.py", "src/nnsight/added.py", "tests/test_overloaded_mount.py",
         ".github/workflows/python-app.yml"])
-    built = wheel_contents(envs.series_wheel(release, "any", source, tmp_path / "out"))
+    built = wheel_contents(env_build.series_wheel(release, "any", source, tmp_path / "out"))
     record = built.pop("nnsight-0.7.0.dist-info/RECORD").decode().splitlines()
     assert built == {"nnsight/__init__.py": b"", "nnsight/intervention/envoy.py": b"NEW = 2\n",
                      "nnsight/added.py": b"ADDED = 3\n", "nnsight/_c/py_mount.so": b"\x7fELF compiled once"}
@@ -398,7 +399,7 @@ def test_a_series_of_python_files_goes_into_the_releases_wheel_with_a_record_tha
 def test_a_file_the_series_deletes_leaves_the_wheel_and_its_record(release_and_source, tmp_path, monkeypatch):
     release, source = release_and_source
     monkeypatch.setattr(envs.series, "touched", lambda name: ["src/nnsight/__init__.py"])  # absent from source
-    built = wheel_contents(envs.series_wheel(release, "any", source, tmp_path / "out"))
+    built = wheel_contents(env_build.series_wheel(release, "any", source, tmp_path / "out"))
     assert "nnsight/__init__.py" not in built
     assert "nnsight/__init__.py" not in built["nnsight-0.7.0.dist-info/RECORD"].decode()
 
@@ -408,7 +409,7 @@ def test_a_series_touching_what_a_build_compiles_or_reads_gets_a_build_of_its_ow
         release_and_source, tmp_path, monkeypatch, touched):
     release, source = release_and_source
     monkeypatch.setattr(envs.series, "touched", lambda name: ["src/nnsight/intervention/envoy.py", touched])
-    assert envs.series_wheel(release, "any", source, tmp_path / "out") is None
+    assert env_build.series_wheel(release, "any", source, tmp_path / "out") is None
 
 
 def installed_nnsight(env) -> Path:

@@ -10,11 +10,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, models
+from nnsight_repro import ROOT, models, procfs
 from nnsight_repro.ndif import panel, server_env, server_packages
 
 
@@ -182,7 +181,7 @@ def test_stack_memory_counts_every_process_and_names_the_model_actors_by_their_r
     actor = subprocess.Popen(["bash", "-c", f"exec -a '{panel.MODEL_ACTOR_TITLE}.execute' sleep 60"])
     try:
         for _ in range(100):  # until the exec has happened
-            if Path(f"/proc/{actor.pid}/cmdline").read_bytes().startswith(panel.MODEL_ACTOR_TITLE.encode()):
+            if (procfs.command_line(actor.pid) or [""])[0].startswith(panel.MODEL_ACTOR_TITLE):
                 break
             time.sleep(0.05)
         monkeypatch.setattr(netns, "pids", lambda name: [os.getpid(), actor.pid])

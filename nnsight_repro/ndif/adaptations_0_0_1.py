@@ -140,7 +140,7 @@ DASHBOARD_POLL_EXTRA_S = 0.5
 
 
 @_after_import("ray._private.services")
-def _patient_dashboard_start(module) -> None:
+def patient_dashboard_start(module) -> None:
     original = module.start_api_server
 
     def start_api_server(*args, **kwargs):

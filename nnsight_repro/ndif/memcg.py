@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .. import procfs
+
 MIB = 1024 * 1024
 
 #: v1 reports "no limit" as the largest page-aligned signed 64-bit number, v2 as "max".
@@ -71,7 +73,7 @@ class Cgroup:
 def _mounts() -> Dict[str, Path]:
     """``{"v1": <memory hierarchy mount>, "v2": <unified mount>}`` for what is mounted."""
     found: Dict[str, Path] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in procfs.own_mounts():
         # "<id> <parent> <dev> <root> <mount point> <options> ... - <type> <source> <super options>"
         left, _, right = line.partition(" - ")
         fields, kind = left.split(), right.split()
@@ -88,7 +90,7 @@ def _own_cgroup() -> Cgroup:
     """The memory cgroup this process is in."""
     mounts = _mounts()
     relative = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in procfs.own_cgroups():
         number, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             relative["v1"] = path

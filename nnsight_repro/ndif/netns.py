@@ -8,7 +8,8 @@ Why killing by namespace: every process started inside inherits the namespace, i
 daemonizes, so ``ip netns pids`` is exactly the set a stack started. ``ray stop`` / ``ndif stop`` would
 instead kill every Ray process on the host by name.
 
-Needs root (``ip netns add``). Stdlib only.
+Needs root (``ip netns add``). Stdlib only. What a process is (its state, parent, command line) is read by
+:mod:`nnsight_repro.procfs`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import os
 import signal
 import subprocess
 import time
-from typing import List, Optional, Sequence
+from typing import List, Sequence
+
+from ..procfs import command_line, exited, parent  # noqa: F401  (ndif.stack, ndif.panel and tests/ndif_fixture
+# still call them here)
 
 
 class NetnsError(Exception):
@@ -63,35 +67,6 @@ def command(name: str, argv: Sequence[str]) -> List[str]:
 def interfaces(name: str) -> List[str]:
     result = _ip("-n", name, "-o", "link", "show")
     return [line.split(":")[1].strip().split("@")[0] for line in result.stdout.splitlines() if ":" in line]
-
-
-def _stat(pid: int) -> List[str]:
-    """The fields of /proc/PID/stat after the command name, state first ("pid (comm) state ppid ..."; comm may
-    contain spaces and parentheses, so the split is after its last ")")."""
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-
-
-def exited(pid: int) -> bool:
-    """Gone, or a zombie: it has exited and only waits for its parent to reap it."""
-    try:
-        return _stat(pid)[0] == "Z"
-    except (OSError, IndexError):
-        return True  # gone already
-
-
-def command_line(pid: int) -> List[str]:
-    """Its arguments as ``/proc/PID/cmdline`` has them (a Ray worker rewrites its first into a title such as
-    ``ray::CPUModelActor``). OSError once it is gone."""
-    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-        return [arg.decode(errors="replace") for arg in fh.read().split(b"\0") if arg]
-
-
-def parent(pid: int) -> Optional[int]:
-    """The parent's pid, or None once ``pid`` is gone."""
-    try:
-        return int(_stat(pid)[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def pids(name: str) -> List[int]:
