@@ -47,7 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nnsight_repro import envs, models as panel_models, provenance  # noqa: E402
-from nnsight_repro.ndif import config, deploy, negative_control, netns, panel, server_env, stack  # noqa: E402
+from nnsight_repro.ndif import (config, deploy, errors, negative_control, netns, panel, server_env, stack,
+                                stack_clients)  # noqa: E402
 
 
 #: The local stack's bar (issue 3): cold start to the first successful remote trace.
@@ -55,9 +56,9 @@ COLD_START_BAR_S = 40.0
 
 
 def cold_start(cfg: config.StackConfig, models, client: str) -> dict:
-    """One round: ``up`` from nothing to the first remote trace of ``models[0]`` (see stack.up_to_first_trace)."""
+    """One round: ``up`` from nothing to the first remote trace of ``models[0]`` (see stack_clients.up_to_first_trace)."""
     load = os.getloadavg()[0]
-    state = stack.up_to_first_trace(cfg, models[0], client, models=models)
+    state = stack_clients.up_to_first_trace(cfg, models[0], client, models=models)
     return {**state["timings"], "load_average_before": round(load, 2), "server_nnsight": state.get("server_nnsight")}
 
 
@@ -66,21 +67,21 @@ def warm(cfg: config.StackConfig, models, client: str, repeat: int) -> dict:
     started = time.time()
     # The 0.7 server computes in bfloat16: its traces are compared within the negative control's tolerance.
     case = f"trace:{models[0]}" + ("" if cfg.line == "0.8" else f":{negative_control.ATOL}")
-    fresh = stack.run_client(cfg, [case], client=client)[case]
+    fresh = stack_clients.run_client(cfg, [case], client=client)[case]
     record = {"fresh_client_trace_s": round(time.time() - started, 2), "fresh_client_ok": bool(fresh.get("ok")),
               "models": {}}
     # A failed timing is recorded beside the others, not instead of them.
     cases = [f"timing:{m}:{repeat}" for m in models]
     try:
-        timings = stack.run_client(cfg, cases, client=client)
-    except stack.StackError as exc:
+        timings = stack_clients.run_client(cfg, cases, client=client)
+    except errors.StackError as exc:
         timings = {c: {"ok": False, "message": str(exc)} for c in cases}
     for m, c in zip(models, cases):
         t = timings[c]
         if not t.get("ok"):
             record["models"][m] = {"ok": False, "error": t.get("error"), "message": t.get("message", "")[-2000:]}
             continue
-        record["models"][m] = {"ok": True, **stack.timing_medians(t), "remote_s": t["remote_s"], "local_s": t["local_s"]}
+        record["models"][m] = {"ok": True, **stack_clients.timing_medians(t), "remote_s": t["remote_s"], "local_s": t["local_s"]}
     return record
 
 
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
                 record["warm"] = warm(cfg, models, client, args.repeat)
                 record["memory"] = memory(cfg)
             record["rounds"].append(cold)
-        except stack.StackError as exc:
+        except errors.StackError as exc:
             # A round that fails is recorded; the rounds before it are kept.
             failure = str(exc)
             record["rounds"].append({"ok": False, "error": failure[-2000:]})

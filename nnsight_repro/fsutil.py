@@ -1,7 +1,7 @@
 """Three file-system idioms the project relies on, written once: an exclusive lock across processes, and a
 text file or a folder that appears whole or not at all.
 
-Stdlib only. Not here: the stack's non-blocking lock (``ndif.stack``), which refuses a second ``up``
+Stdlib only. Not here: the stack's non-blocking lock (``ndif.stack_state``), which refuses a second ``up``
 instead of waiting, and ``bytecode.py``'s links, which run as a script in a venv before the project is
 importable there.
 """

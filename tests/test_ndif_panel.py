@@ -134,7 +134,7 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
 
 def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_traces_what_deployed(
         monkeypatch, tmp_path):
-    from nnsight_repro.ndif import deploy, netns, stack
+    from nnsight_repro.ndif import deploy, errors, memory_watch, netns, stack, stack_clients
 
     attempted, traced = [], []
 
@@ -142,7 +142,7 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
         (name,) = minted
         attempted.append(name)
         if name == "rnafm":
-            raise stack.StackError("Timed out after 300 s waiting for `ndif deploy` of rnafm.")
+            raise errors.StackError("Timed out after 300 s waiting for `ndif deploy` of rnafm.")
         if name == "rnabert":
             raise deploy.DeployError("Model(s) failed to deploy:\n  rnabert: ValueError: not recognized")
 
@@ -157,11 +157,11 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
     monkeypatch.setattr(stack, "down", lambda cfg, say: {})
     monkeypatch.setattr(stack, "minted_keys", lambda cfg, names: {n: {"key": n} for n in names})
     monkeypatch.setattr(stack, "deploy_models", deploy_models)
-    monkeypatch.setattr(stack, "run_client", run_client)
-    monkeypatch.setattr(stack, "built_models", lambda cfg: [])
+    monkeypatch.setattr(stack_clients, "run_client", run_client)
+    monkeypatch.setattr(stack_clients, "built_models", lambda cfg: [])
     monkeypatch.setattr(server_env, "ensure", lambda **kw: None)
     monkeypatch.setattr(panel, "stack_memory", lambda cfg: {})
-    monkeypatch.setattr(stack, "memory_group", lambda cfg: None)
+    monkeypatch.setattr(memory_watch, "memory_group", lambda cfg: None)
 
     result = panel.run_batch("0.8", ["rnabert", "splicebert", "rnafm", "rinalmo", "utrlm"], 1, say=lambda m: None)
     # A model the server refuses does not stop the batch; one whose deployment stalls does, at once.

@@ -3,7 +3,7 @@
 ndif 0.0.1 is the only release of the 0.7-era server on PyPI, but it speaks the nnsight 0.5 protocol;
 this machine also has no GPU, no Hub and Python 3.11. Nothing here edits ndif's or nnsight's files. A
 generated ``sitecustomize.py`` (first on every server process's path, see
-:mod:`nnsight_repro.ndif.stack`) calls :func:`install`, which only registers import hooks: each
+:mod:`nnsight_repro.ndif.services`) calls :func:`install`, which only registers import hooks: each
 adaptation is applied to an ndif or nnsight module right after that module is imported, in whichever
 server process imports it (the API, its queue dispatcher, the controller, the model actors). The
 controller is this module itself, through ndif's own ``NDIF_CONTROLLER_IMPORT_PATH`` (:func:`app`).

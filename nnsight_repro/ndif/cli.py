@@ -1,5 +1,5 @@
 """``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]] [--with multimolecule]`` and
-``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack`. Without ``--line``, the 0.8
+``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack` and :mod:`health`. Without ``--line``, the 0.8
 stack; ``--with`` names a server flavour (:mod:`server_packages`), a stack of its own."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from . import config, deploy, server_packages, stack
+from . import config, deploy, errors, health, server_packages, stack
 
 
 def _print_status(report: dict) -> None:
@@ -111,13 +111,13 @@ def main(argv=None) -> int:
         elif args.action == "down":
             stack.down(config.default(line=args.line, extras=args.extras))
         else:
-            report = stack.status(config.default(line=args.line, extras=args.extras))
+            report = health.status(config.default(line=args.line, extras=args.extras))
             if args.json:
                 print(json.dumps(report, indent=1))
             else:
                 _print_status(report)
             return 0 if report["running"] and not report["problems"] else 1
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

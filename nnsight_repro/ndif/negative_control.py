@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from .. import ROOT, envs, provenance
-from . import config, netns, server_env, stack
+from . import config, errors, netns, server_env, stack, stack_clients, stack_state
 
 #: Tolerance of a trace against the local float32 run (why: config.BF16_ATOL).
 ATOL = config.generation("0.7").atol
@@ -50,9 +50,9 @@ def run_pairings(cfg: config.StackConfig, say: Callable[[str], None] = _say) -> 
     clients = {}
     for client, cases in PAIRINGS[cfg.server].items():
         say(f"{client} client against the {cfg.server} server: {', '.join(cases)}")
-        clients[client] = stack.run_client(cfg, cases, client=client)
-    return {"server": cfg.server, "clients": clients, "built": stack.built_models(cfg),
-            "server_nnsight": (stack.read_state(cfg) or {}).get("server_nnsight"),
+        clients[client] = stack_clients.run_client(cfg, cases, client=client)
+    return {"server": cfg.server, "clients": clients, "built": stack_clients.built_models(cfg),
+            "server_nnsight": (stack_state.read_state(cfg) or {}).get("server_nnsight"),
             "interfaces": netns.interfaces(cfg.netns)}
 
 
@@ -60,11 +60,11 @@ def measure(server: str, say: Callable[[str], None] = _say) -> dict:
     """Bring up the 0.7 stack with ``server``, time cold start to a first GPT-2 trace, run the pairings, down."""
     cfg = config.default(line="0.7", server=server)
     if netns.exists(cfg.netns):
-        raise stack.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
+        raise errors.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
                                f"(`nnsight-repro ndif down --line 0.7`).")
     try:
         # The first client is the stock one: GPT-2's key is the same for every 0.7 client.
-        state = stack.up_to_first_trace(cfg, "gpt2", "main", say=say)
+        state = stack_clients.up_to_first_trace(cfg, "gpt2", "main", say=say)
         result = run_pairings(cfg, say)
         timings = state["timings"]
         timings["cold_start_to_first_trace_s"] = timings.pop("first_trace_s")
@@ -82,10 +82,10 @@ def warm_overhead(cfg: config.StackConfig, say: Callable[[str], None] = _say) ->
     """The same GPT-2 trace, remote and local, in one stock-client process: medians and remote/local."""
     case = f"timing:gpt2:{WARM_REPEATS}"
     say(f"main client against the {cfg.server} server: {case}")
-    record = stack.run_client(cfg, [case], client="main")[case]
+    record = stack_clients.run_client(cfg, [case], client="main")[case]
     if not record.get("ok"):
         return record
-    medians = stack.timing_medians(record)
+    medians = stack_clients.timing_medians(record)
     return {"ok": True, "repeats": WARM_REPEATS, "remote_median_s": medians["remote_median_s"],
             "local_median_s": medians["local_median_s"], "remote_over_local": medians["ratio"]}
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     try:
         for server in PAIRINGS:
             results[server] = measure(server)
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.

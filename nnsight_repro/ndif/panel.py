@@ -24,7 +24,7 @@ process with torch, nnsight and multimolecule imported; the stack's memory after
 0.8 each model of a batch is deployed through ``ndif deploy``, one at a time, so a model the server cannot build
 is recorded with the server's reason and the next one still deploys; on 0.7 the server deploys a key on its
 first request, and a model it cannot build fails that request with the server's reason. A model that runs the
-stack out of memory (``--memory-limit`` caps it; :class:`stack.MemoryWatch`) is recorded with that cause and
+stack out of memory (``--memory-limit`` caps it; :class:`memory_watch.MemoryWatch`) is recorded with that cause and
 nothing more of its batch is deployed; a trace that failed while the kernel killed processes of the stack
 carries that on its reason's last line.
 
@@ -46,7 +46,8 @@ from .. import models as panel_models
 # The errors a failing record is matched against and what each failure is live in the rule's module (preflight
 # predicts with the same rule); the report and the tests read them here as well.
 from ..outcomes import BUGS, HOOKED_OUTPUT, PROVISIONING, UNKNOWN_MODULE  # noqa: F401
-from . import config, deploy, memcg, netns, server_env, server_packages, stack
+from . import (config, deploy, errors, memcg, memory_watch, netns, server_env, server_packages, stack, stack_clients,
+               stack_state)
 
 #: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
 FLAVOURS = tuple(name for name, f in server_packages.FLAVOURS.items() if "multimolecule" in f.imports)
@@ -161,7 +162,7 @@ def stack_memory(cfg: config.StackConfig) -> dict:
             actors.append(kib // 1024)
     available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemAvailable:")), 0)
-    group = stack.memory_group(cfg)
+    group = memory_watch.memory_group(cfg)
     return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
             "model_actor_rss_mib": sorted(actors), "cgroup": memcg.counters(group) if group else None}
 
@@ -211,13 +212,13 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
     return out
 
 
-def _name_out_of_memory(records: Dict[str, dict], watch: "stack.MemoryWatch") -> None:
+def _name_out_of_memory(records: Dict[str, dict], watch: "memory_watch.MemoryWatch") -> None:
     """When the kernel killed processes of the stack for want of memory since ``watch`` was made, every record
     with an error carries that (``out_of_memory``): the client only saw its trace fail. (Kills only: one look
     after a whole client run cannot tell thrashing from a long, healthy run.)"""
     try:
         watch.check_kills()
-    except stack.OutOfMemory as exc:
+    except errors.OutOfMemory as exc:
         for record in records.values():
             if "error" in record:
                 record["out_of_memory"] = str(exc)
@@ -235,10 +236,10 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
     probe script and the checks that break a stack on the same cold stack instead of bringing up more; one
     that brings the stack down itself may (``down`` is idempotent). The batch holds the stack folder's
-    lease (:func:`stack.lease`) from before it brings a leftover down until its own ``down``.
+    lease (:func:`stack_state.lease`) from before it brings a leftover down until its own ``down``.
     """
     cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
-    with stack.lease(cfg, say=say):
+    with stack_state.lease(cfg, say=say):
         group = None
         if netns.exists(cfg.netns):
             say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
@@ -249,7 +250,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         started = time.monotonic()
         try:
             state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
-            group = stack.memory_group(cfg)
+            group = memory_watch.memory_group(cfg)
             deployable = list(names)
             if line == "0.8":
                 env = server_env.ensure(build=False, line=line, extras=cfg.extras)
@@ -265,10 +266,10 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
                     say(f"batch {number}: deploying {name}")
                     try:
                         stack.deploy_models(cfg, env, {name: minted[name]})
-                    except (deploy.DeployError, stack.StackError) as exc:
+                    except (deploy.DeployError, errors.StackError) as exc:
                         deploy_failures[name] = str(exc)
                         say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
-                        if isinstance(exc, stack.StackError):
+                        if isinstance(exc, errors.StackError):
                             stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
                                        f"rerun the models left with a smaller --batch")
                 deployable = [name for name in names if name not in deploy_failures]
@@ -276,19 +277,19 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
                 if not deployable:
                     break
                 say(f"batch {number}: {client} client: {', '.join(deployable)}")
-                watch = stack.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
+                watch = memory_watch.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
                 try:
-                    by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
-                except stack.StackError as exc:
+                    by_client[client] = stack_clients.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
+                except errors.StackError as exc:
                     # The client or the stack died: every case of this client is reported with it.
                     by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
                                          for case in cases(deployable, line)}
                 _name_out_of_memory(by_client[client], watch)
             memory = stack_memory(cfg)
-            built_records = stack.built_models(cfg)
+            built_records = stack_clients.built_models(cfg)
             timings = state.get("timings", {})
             also = while_up(cfg) if while_up else None
-        except stack.StackError as exc:
+        except errors.StackError as exc:
             # The stack did not come up (or died between clients): the batch's models all carry the reason.
             say(f"batch {number}: {exc}")
             memory, built_records, timings, also = {}, [], {}, None
@@ -298,7 +299,7 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         finally:
             try:
                 stack.down(cfg, say=lambda m: None)
-            except (stack.StackError, netns.NetnsError) as exc:
+            except (errors.StackError, netns.NetnsError) as exc:
                 down_error = str(exc)
                 say(f"batch {number}: the stack did not come down: {exc}")
     built = {b["model_key"]: b["module_class"] for b in built_records}
@@ -460,7 +461,7 @@ def main(argv=None) -> int:
             print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
                   f"{s['required_ok']}/{s['required']}; negative control as predicted "
                   f"{s['negative_as_predicted']}/{s['negative']} -> {out}")
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -20,7 +20,7 @@ in this order:
 The 0.7 server is built by the same steps: ``pins/ndif-server-0.7.txt``, ``ndif==0.0.1`` (same flags, same
 reasons, its wheel hash-pinned), and stock nnsight 0.7.0 from the sdist the ``main`` client is built
 from. The patched server flavour installs nothing more: the stack puts the ``patched`` environment's own
-nnsight build first on the server's path (:mod:`nnsight_repro.ndif.stack`), so it runs exactly that build.
+nnsight build first on the server's path (:mod:`nnsight_repro.ndif.services`), so it runs exactly that build.
 Regenerating its pins: as below, with ``ndif==0.0.1``'s declared and undeclared dependencies (see the pins
 file's header) and ``line-0.7.txt`` (less its socket.io pins, which ndif 0.0.1 fixes lower) as constraints.
 

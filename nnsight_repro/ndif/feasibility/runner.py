@@ -81,8 +81,8 @@ class Host:
 
     def command(self, env: envs.Env, argv: List[str]) -> List[str]:
         if self.local_cfg is not None:
-            from nnsight_repro.ndif import stack
-            return stack.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
+            from nnsight_repro.ndif import stack_clients
+            return stack_clients.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
         return [str(env.python), *argv]
 
     def environ(self, env: envs.Env) -> dict:
@@ -94,8 +94,8 @@ class Host:
     def reachable(self) -> Optional[str]:
         """None when the API answers ``/ping``; else why not."""
         if self.local_cfg is not None:
-            from nnsight_repro.ndif import stack
-            answer = stack.http_get(self.local_cfg, "/ping")
+            from nnsight_repro.ndif import health
+            answer = health.http_get(self.local_cfg, "/ping")
             return None if answer.get("status") == 200 else answer.get("error") or f"HTTP {answer.get('status')}"
         try:
             with urllib.request.urlopen(self.url + "/ping", timeout=10) as response:
@@ -111,7 +111,7 @@ class LocalStacks:
 
     One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
     server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
-    stack comes up once. Each stack's folder is this run's lease (``stack.lease``) from its first use to
+    stack comes up once. Each stack's folder is this run's lease (``stack_state.lease``) from its first use to
     :meth:`down`; run by a lane job, the script is covered by the job's own.
     """
 
@@ -121,15 +121,15 @@ class LocalStacks:
         self.refused = {}  # stack folder -> the StackError its lease timed out with: not waited out twice
 
     def host(self, client_line: str) -> Host:
-        from nnsight_repro.ndif import config, stack
+        from nnsight_repro.ndif import config, errors, stack, stack_state
 
         line = CLIENT_LINES[client_line]
         cfg = config.default(line=line.stack, server=line.server, extras=self.extras)
         if cfg.folder in self.refused:
             raise self.refused[cfg.folder]
         try:
-            self.leases.enter_context(stack.lease(cfg, say=self.say))
-        except stack.StackError as exc:
+            self.leases.enter_context(stack_state.lease(cfg, say=self.say))
+        except errors.StackError as exc:
             self.refused[cfg.folder] = exc
             raise
         if stack.ensure_up(cfg, say=self.say):
@@ -149,9 +149,9 @@ class LocalStacks:
 def local_server(host: Host) -> Optional[dict]:
     if host.local_cfg is None:
         return None
-    from nnsight_repro.ndif import stack
+    from nnsight_repro.ndif import stack_state
 
-    state = stack.read_state(host.local_cfg) or {}
+    state = stack_state.read_state(host.local_cfg) or {}
     return {"ndif": state.get("ndif"), "line": state.get("line"), "server": state.get("server"),
             "nnsight": state.get("server_nnsight"), "netns": state.get("netns")}
 
