@@ -146,9 +146,9 @@ def test_a_trace_that_failed_while_the_stack_ran_out_of_memory_says_so_and_one_t
     watch = memory_watch.MemoryWatch(object(), "while the patched client traced rnabert", clock=fake.clock)
     records = {"trace:rnabert:0.08": {"ok": False, "error": "RemoteException", "message": "Error starting model"},
                "write:rnabert:0.08": {"ok": True, "atol": 0.08}}
-    panel._name_out_of_memory(records, watch)
+    panel.name_out_of_memory(records, watch)
     assert "out_of_memory" not in records["write:rnabert:0.08"]
-    row = panel._records("rnabert", "patched", "required", "0.7", records, {}, None, 1)[0]
+    row = panel.model_rows("rnabert", "patched", "required", "0.7", records, {}, None, 1)[0]
     assert row["reason"].startswith("Error starting model\n"), row["reason"]
     assert row["reason"].splitlines()[-1].startswith(
         "The stack ran out of memory while the patched client traced rnabert: the kernel killed 1"), row["reason"]

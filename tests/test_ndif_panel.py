@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT, models
-from nnsight_repro.ndif import panel, server_env, server_packages
+from nnsight_repro.ndif import config, panel, server_env, server_packages
 
 
 def test_tolerance_is_exact_on_08_and_five_bf16_units_at_the_values_magnitude_on_07():
-    assert panel.tolerance("0.8", 34.0) == 0.0
+    assert config.generation("0.8").tolerance(34.0) == 0.0
     # The tiny models' magnitudes (2-4) keep the negative control's 0.08; smaller ones never go below it.
-    assert panel.tolerance("0.7", 2.9) == panel.ATOL["0.7"] == 0.08
-    assert panel.tolerance("0.7", 0.3) == 0.08
+    assert config.generation("0.7").tolerance(2.9) == panel.ATOL["0.7"] == 0.08
+    assert config.generation("0.7").tolerance(0.3) == 0.08
     # AntiBERTy's logits (~34): one bf16 unit there is 2^-2.
-    assert panel.tolerance("0.7", 34.06) == 5 * 2 ** -2
+    assert config.generation("0.7").tolerance(34.06) == 5 * 2 ** -2
 
 
 def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
@@ -78,7 +78,7 @@ def _row(record, line="0.7", trace="read", built=None):
     kind = panel.TRACES[trace]
     case = f"{kind}:rnabert:{panel.ATOL[line]}"
     client = "patched" if line == "0.7" else "upstream-0.8"
-    rows = panel._records("rnabert", client, "required", line, {case: record}, built or {}, None, 1)
+    rows = panel.model_rows("rnabert", client, "required", line, {case: record}, built or {}, None, 1)
     return {r["trace"]: r for r in rows}[trace]
 
 
@@ -126,7 +126,7 @@ def test_the_clients_local_traces_of_utr_lm_run_on_07():
 
 
 def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():
-    rows = panel._records("rnabert", "upstream-0.8", "required", "0.8", {}, {},
+    rows = panel.model_rows("rnabert", "upstream-0.8", "required", "0.8", {}, {},
                           "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)
     assert [r["trace"] for r in rows] == ["read", "write"]
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)

@@ -2,7 +2,7 @@
 
 Owns :class:`StackError` and its kinds, :data:`USER_ERRORS` (the failures the CLI reports as one line), and
 :func:`say`, the default progress printer. Does not own when any of them is raised or said: that is the
-module doing the work (:mod:`.stack`, :mod:`.state`, :mod:`.services`, :mod:`.memory`, :mod:`.clients`).
+module doing the work (:mod:`.stack`, :mod:`.stack_state`, :mod:`.services`, :mod:`.memory_watch`, :mod:`.stack_clients`).
 Kept apart so that every one of those can raise the same errors without importing the others.
 
 Stdlib only.

@@ -6,7 +6,7 @@ the namespace's loopback only), the API's ``/ping`` and ``/status`` read from th
 and every problem in words. Never raises for a dead stack: saying what is wrong is its job.
 
 Does not own starting, stopping or waiting (:mod:`.stack`, :mod:`.services`); it reads the state
-:mod:`.stack` writes (:mod:`.state`).
+:mod:`.stack` writes (:mod:`.stack_state`).
 
 Stdlib only.
 """
@@ -96,7 +96,7 @@ def status(cfg: Optional[configuration.StackConfig] = None) -> dict:
     if report["api"] != "answering":
         report["problems"].append(f"the API at {cfg.api_url} is not answering ({report['api']})")
     report["models"] = {}
-    if cfg.line == "0.7":
+    if cfg.generation.deploys_on_request:
         # Besides what `up` deployed (by name, below), what the server deployed on request, by key.
         named = set(((state or {}).get("models") or {}).values())
         report["models"] = {key: level for key, level in levels.items() if key not in named}

@@ -46,6 +46,7 @@ from typing import Dict
 
 from .. import envs, fsutil, series
 from . import server_packages
+from .generations import GENERATIONS
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def ensure(build: bool = True, line: str = "0.8", extras: tuple = ()) -> envs.En
     missing, half-built or built from other inputs."""
     spec = server_spec(line)
     name = env_name(line, extras)
-    how = ("python3 -m nnsight_repro ndif up" + ("" if line == "0.8" else f" --line {line}")
+    how = ("python3 -m nnsight_repro ndif up" + GENERATIONS[line].line_option
            + "".join(f" --with {f.name}" for f in server_packages.flavours(extras)))
     return envs.cached(name, path(line, extras), lambda: inputs(line, extras),
                        lambda where, wanted, digest: _build(spec, name, extras, where, wanted, digest),

@@ -104,6 +104,7 @@ class Service:
 
 
 def services_of(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
+    """Every process of the stack, in the order ``up`` starts them: the stores, then the server's own."""
     redis = server_env.redis_server()
     bin_ = env.path / "venv" / "bin"
     stores = [
@@ -113,24 +114,9 @@ def services_of(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
         Service("s3", [str(bin_ / "moto_server"), "-H", "127.0.0.1", "-p", str(cfg.s3_port)],
                 cfg.s3_port, cfg.logs / "s3.log"),
     ]
-    if cfg.line == "0.7":
-        # ndif 0.0.1's start scripts, from their own folders (they run `python -m src...` and gunicorn
-        # with `src/gunicorn.conf.py` relative to it), not through its CLI: the CLI only sets their
-        # environment (config.environ sets the same), and on Ctrl-C it runs `ray stop`, which stops
-        # every Ray process on the host.
-        services = configuration.service_root(bin_)
-        return stores + [
-            Service("ray", ["bash", str(services / "ray" / "start.sh")], 6380, cfg.logs / "ray.log",
-                    cwd=services / "ray", role="ray"),
-            Service("api", ["bash", str(services / "api" / "start.sh")], cfg.api_port, cfg.logs / "api.log",
-                    cwd=services / "api", role="api"),
-        ]
-    return stores + [
-        # ndif's own launchers, in the foreground: `ndif start -f ray` runs ndif's Ray start script (Ray
-        # head + the controller), `ndif start -f api` runs gunicorn with ndif's config.
-        Service("ray", [str(bin_ / "ndif"), "start", "--foreground", "ray"], 6385, cfg.logs / "ray.log"),
-        Service("api", [str(bin_ / "ndif"), "start", "--foreground", "api"], cfg.api_port, cfg.logs / "api.log"),
-    ]
+    # The generation's own: Ray (head, then ndif's controller) and the API.
+    return stores + [Service(p.name, p.argv, p.port, cfg.logs / f"{p.name}.log", cwd=p.cwd, role=p.role)
+                     for p in cfg.generation.processes(bin_, cfg.api_port)]
 
 
 def prepare_python_path(cfg: configuration.StackConfig, env: envs.Env) -> dict:

@@ -11,7 +11,7 @@ see :mod:`deploy`), and ``up`` returns once ``/status`` shows every one HOT; a m
 is deployed once more through ``ndif deploy``, which names the exception it failed with.
 Foreground starts, because then each service is a process this module started and watches: one that
 exits during ``up`` is reported with the end of its log instead of being waited on. Every wait watches
-the stack's memory (:mod:`.memory`). A start on which Ray's GCS aborts on its known race
+the stack's memory (:mod:`.memory_watch`). A start on which Ray's GCS aborts on its known race
 (:data:`.services.RAY_START_RACE`) ends as soon as its log shows it, and ``up`` starts once more.
 
 ``down`` kills exactly the processes in the namespace (TERM, then KILL), deletes it and removes the cgroup;
@@ -25,14 +25,14 @@ The 0.7 generation differs in what runs, not in how: Redis and moto as above; nd
 (gunicorn and its queue dispatcher), run directly with the environment ndif's CLI would give them. Every
 server process first imports a generated ``sitecustomize.py`` that loads the adaptations; for the
 ``patched`` server flavour the ``patched`` environment's own nnsight build is linked in front of the
-server's stock one. The controller deploys GPT-2 as it starts (:data:`deploy.SERVED_07`, under the key
+server's stock one. The controller deploys GPT-2 as it starts (its ``served``, under the key
 the server flavour's own client mints) and ``up`` waits until it is HOT; any other key deploys on its
 first request, under whatever key the client sends (which is what the negative control is about). Each
 model actor records what it built in ``logs/built.jsonl``.
 
 Owns the order of a start and of a stop, the state they write, and deploying. Does not own: who may use
-the folder (:mod:`.state`), how a service runs or is waited on (:mod:`.services`), health and ``status``
-(:mod:`.health`), memory (:mod:`.memory`), or running clients (:mod:`.clients`).
+the folder (:mod:`.stack_state`), how a service runs or is waited on (:mod:`.services`), health and ``status``
+(:mod:`.health`), memory (:mod:`.memory_watch`), or running clients (:mod:`.stack_clients`).
 
 Stdlib only: this runs in the test process (a 0.7 client) and in the CLI; server code runs in the server
 environment, both as subprocesses in the namespace.
@@ -64,7 +64,8 @@ from .stack_state import exclusive, read_state, write_state
 def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[str]] = None,
        say: Callable[[str], None] = errors.say,
        on_namespace: Optional[Callable[[configuration.StackConfig], None]] = None) -> dict:
-    """Bring the stack up and deploy ``models`` (default: :data:`deploy.SERVED`); the state written.
+    """Bring the stack up and deploy ``models`` (default: the generation's :attr:`~.generations.Generation.served`);
+    the state written.
 
     ``on_namespace`` is called once the namespace exists, before any service starts and before the
     cold start's clock (``state["cold_start_epoch"]``) starts: the benchmark starts its client there
@@ -76,7 +77,7 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     """
     cfg = cfg or configuration.default()
     if models is None:
-        models = deploy.SERVED_07 if cfg.line == "0.7" else deploy.SERVED
+        models = list(cfg.generation.served)
     cfg.validate()
     known = panel.extended()
     unknown = [name for name in models if name not in known]
@@ -135,8 +136,7 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
              "models": {name: m["key"] for name, m in minted.items()}, "timings": timings,
              "logs": str(cfg.logs), "line": cfg.line, "server": cfg.server, "with": list(cfg.extras),
              "ndif": cfg.generation.ndif}
-    if cfg.line == "0.7":
-        # 0.0.1's /status scans the Hub cache and fails (every time) when it does not exist.
+    if cfg.generation.status_needs_hub_cache:
         (cfg.folder / "hf_home" / "hub").mkdir()
     try:
         netns.create(cfg.netns)
@@ -157,7 +157,7 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
         # it is ready), nothing of the server runs yet.
         t_cold = time.monotonic()
         state["cold_start_epoch"] = time.time()
-        if cfg.line == "0.7":
+        if cfg.generation.needs_python_path:
             state["server_nnsight"] = prepare_python_path(cfg, env)
         services = services_of(cfg, env)
         ensure_ports_free(cfg, services)
@@ -230,8 +230,7 @@ MISSING_GRACE_S = 10.0
 def minted_keys(cfg: configuration.StackConfig, models: List[str]) -> Dict[str, dict]:
     """``{name: {path, task, key}}`` for ``models``, as the stack's client (:attr:`StackConfig.client`)
     mints them; remembered per client in the stack folder."""
-    name = "minted.json" if cfg.line == "0.8" else f"minted-{cfg.client}.json"
-    return deploy.minted(models, cfg.folder / name, client=cfg.client)
+    return deploy.minted(models, cfg.folder / cfg.generation.minted_file(cfg.client), client=cfg.client)
 
 
 def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, dict],
@@ -263,8 +262,7 @@ def wait_hot(cfg: configuration.StackConfig, env: envs.Env, minted: Dict[str, di
                     failed[name] = minted[name]
             else:
                 missing_since.pop(key, None)
-        if failed and cfg.line == "0.7":
-            # 0.0.1's `ndif deploy` asks the Hub for the key: there is no second way in to report through.
+        if failed and not cfg.generation.redeploys:
             raise StackError(f"{', '.join(failed)} did not deploy: missing from /status {MISSING_GRACE_S:.0f} s "
                              f"after the controller came up. The model actor's error is in Ray's worker logs "
                              f"({cfg.ray_temp_link}/session_latest/logs/worker-*.err).")

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 
 from .. import ROOT, channel, envs
 from . import config as configuration
-from . import errors, netns, server_env, stack
+from . import errors, generations, netns, server_env, stack
 from .errors import StackError
 from .health import status
 
@@ -39,9 +39,8 @@ def start_client(cfg: configuration.StackConfig, cases: List[str], client: Optio
     wrapped its model; its first record is ``{"ready": case}``), so its start does not overlap the server's.
     """
     if not netns.exists(cfg.netns):
-        line = "" if cfg.line == "0.8" else f" --line {cfg.line}"
         raise StackError(f"No local NDIF stack is running (namespace {cfg.netns} does not exist); "
-                         f"start one with `nnsight-repro ndif up{line}`.")
+                         f"start one with `nnsight-repro ndif up{cfg.generation.line_option}`.")
     client = client or cfg.generation.clients[0]
     if client not in cfg.generation.clients:
         raise StackError(f"Client environment {client!r} does not speak the {cfg.line} stack's protocol; "
@@ -138,7 +137,7 @@ def ray_client_connects(cfg: configuration.StackConfig, count: int, parallel: in
     (``ray_clients.py``, inside the namespace): every attempt's record, ``loop`` added."""
     env = server_env.ensure(build=False, line=cfg.line, extras=cfg.extras)
     argv = netns.command(cfg.netns, [str(env.python), "-m", "nnsight_repro.ndif.ray_clients",
-                                     configuration.RAY_CLIENT_ADDRESS, str(count)])
+                                     generations.RAY_CLIENT_ADDRESS, str(count)])
     loops = [channel.start(argv, env=cfg.environ(env.path / "venv" / "bin", role="api"), cwd=ROOT,
                            what=f"Ray client loop {number} in the {env.name!r} environment, namespace {cfg.netns}")
              for number in range(parallel)]

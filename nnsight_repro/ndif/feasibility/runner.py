@@ -124,7 +124,7 @@ class LocalStacks:
         from nnsight_repro.ndif import config, errors, stack, stack_state
 
         line = CLIENT_LINES[client_line]
-        cfg = config.default(line=line.stack, server=line.server, extras=self.extras)
+        cfg = config.default(line=line.line, server=line.server, extras=self.extras)
         if cfg.folder in self.refused:
             raise self.refused[cfg.folder]
         try:
@@ -160,8 +160,8 @@ def serving_order(chosen: List[str]) -> List[str]:
     """Client lines grouped by the stack that serves them, so each local stack comes up once."""
     first_seen = {}
     for name in chosen:
-        first_seen.setdefault((CLIENT_LINES[name].stack, CLIENT_LINES[name].server), len(first_seen))
-    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].stack, CLIENT_LINES[n].server)])
+        first_seen.setdefault((CLIENT_LINES[name].line, CLIENT_LINES[name].server), len(first_seen))
+    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].line, CLIENT_LINES[n].server)])
 
 
 # Running ---------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
     ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe (a
     client silent before its first probe costs them all, as ``ClientDied``).
     """
-    env = envs.ensure(CLIENT_LINES[client_line].env)
+    env = envs.ensure(CLIENT_LINES[client_line].client)
     observed: Dict[str, dict] = {}
     context: dict = {}
     trail: Dict[str, List[str]] = {}
