@@ -237,7 +237,7 @@ def test_up_starts_once_more_after_rays_start_race_and_only_once(scratch_stack, 
             raise errors.RayStartRace("Ray's GCS aborted as it started (...).")
         return {"phase": "ready"}
 
-    monkeypatch.setattr(stack, "_up_locked", up_locked)
+    monkeypatch.setattr(stack, "up_once", up_locked)
     if outcome == "up":
         assert stack.up(scratch_stack, models=[], say=said.append) == {"phase": "ready"}
     else:

@@ -86,15 +86,55 @@ def up(cfg: Optional[configuration.StackConfig] = None, models: Optional[List[st
     for attempt in (1, 2):
         try:
             with exclusive(cfg):
-                return _up_locked(cfg, models, say, on_namespace)
+                return up_once(cfg, models, say, on_namespace)
         except RayStartRace as exc:
             if attempt == 2:
                 raise
             say(f"{str(exc).splitlines()[0]} Starting the stack once more.")
 
 
-def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[[str], None],
-               on_namespace: Optional[Callable[[configuration.StackConfig], None]]) -> dict:
+def up_once(cfg: configuration.StackConfig, models: List[str], say: Callable[[str], None],
+            on_namespace: Optional[Callable[[configuration.StackConfig], None]]) -> dict:
+    """One attempt of :func:`up`, which holds the stack folder's lock: everything it started is stopped
+    again when it fails (the error then names this attempt's logs)."""
+    _refuse_a_running_stack(cfg, say)
+    t0 = time.monotonic()
+
+    def phase(message: str) -> None:
+        # One line per phase of the start, so a minute-long cold start is never silent.
+        say(f"{cfg.line} stack ({cfg.server}{''.join(' +' + e for e in cfg.extras)}): {message} "
+            f"(+{time.monotonic() - t0:.1f} s)")
+
+    env, minted, state = _prepare(cfg, models, phase, t0)
+    try:
+        netns.create(cfg.netns)
+        group = _memory_group_of_a_new_stack(cfg, state, say)
+        write_state(cfg, state)
+        if on_namespace is not None:
+            on_namespace(cfg)
+        # The cold start counts from here: the namespace exists (and whatever the caller started in
+        # it is ready), nothing of the server runs yet.
+        t_cold = time.monotonic()
+        state["cold_start_epoch"] = time.time()
+        services = _start_services(cfg, env, state, group, phase, say)
+        state["timings"]["services_s"] = round(time.monotonic() - t_cold, 2)
+        say(f"services up in {state['timings']['services_s']} s")
+        if minted:
+            phase(f"deploying {', '.join(minted)} (waiting for HOT)")
+            wait_hot(cfg, env, minted, services, watch=MemoryWatch(group, f"while deploying {', '.join(minted)}"))
+            state["timings"]["models_hot_s"] = round(time.monotonic() - t_cold, 2)
+            say(f"{', '.join(minted)} HOT after {state['timings']['models_hot_s']} s")
+        state["phase"] = "ready"
+        state["ready"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_state(cfg, state)
+        return state
+    except BaseException as exc:
+        _undo_a_failed_up(cfg, exc, say)
+        raise
+
+
+def _refuse_a_running_stack(cfg: configuration.StackConfig, say: Callable[[str], None]) -> None:
+    """A stack whose namespace exists is refused, named; the state of one that is gone is forgotten."""
     running = read_state(cfg)
     if netns.exists(cfg.netns):
         started = f", started {running['started']} by pid {running['owner_pid']}" if running else ""
@@ -104,12 +144,10 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
     if running:
         say(f"forgetting the state of a stack that is gone ({cfg.state_file})")
         cfg.state_file.unlink()
-    t0 = time.monotonic()
 
-    def phase(message: str) -> None:
-        # One line per phase of the start, so a minute-long cold start is never silent.
-        say(f"{cfg.line} stack ({cfg.server}{''.join(' +' + e for e in cfg.extras)}): {message} (+{time.monotonic() - t0:.1f} s)")
 
+def _prepare(cfg: configuration.StackConfig, models: List[str], phase: Callable[[str], None], t0: float):
+    """Before anything starts: the environments, the models' keys, empty folders, and the first state."""
     timings = {}
     phase("checking the server and client environments")
     env = server_env.ensure(line=cfg.line, extras=cfg.extras)
@@ -138,89 +176,87 @@ def _up_locked(cfg: configuration.StackConfig, models: List[str], say: Callable[
              "ndif": cfg.generation.ndif}
     if cfg.generation.status_needs_hub_cache:
         (cfg.folder / "hf_home" / "hub").mkdir()
-    try:
-        netns.create(cfg.netns)
-        try:
-            group = memcg.create(cfg.netns, cfg.memory_limit_mib)
-            state["memory"] = {"cgroup": str(group.path), "version": group.version,
-                               "limit_mib": cfg.memory_limit_mib}
-        except memcg.MemcgError as exc:
-            if cfg.memory_limit_mib is not None:
-                raise StackError(f"A memory limit needs a memory cgroup for the stack, but {exc}; "
-                                 f"run without --memory-limit.") from None
-            say(f"no memory cgroup for the stack ({exc}): it runs, but an OOM kill will not be named as one")
-            group, state["memory"] = None, {"cgroup": None, "why": str(exc)}
-        write_state(cfg, state)
-        if on_namespace is not None:
-            on_namespace(cfg)
-        # The cold start counts from here: the namespace exists (and whatever the caller started in
-        # it is ready), nothing of the server runs yet.
-        t_cold = time.monotonic()
-        state["cold_start_epoch"] = time.time()
-        if cfg.generation.needs_python_path:
-            state["server_nnsight"] = prepare_python_path(cfg, env)
-        services = services_of(cfg, env)
-        ensure_ports_free(cfg, services)
-        venv_bin = env.path / "venv" / "bin"
-        service_env = cfg.environ(venv_bin, role="api")
-        by_name = {s.name: s for s in services}
-        # Ray first: its head, then the controller, then the controller actor is the longest chain
-        # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
-        # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
-        # actors load while the API is still coming up, and no deploy client has to connect to Ray.
-        deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
-        phase(f"starting Ray (its controller deploys {', '.join(minted) or 'nothing'})")
-        memory = MemoryWatch(group, "while starting")
-        by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments}, group)
+    return env, minted, state
 
-        def starting() -> None:
-            memory()
-            check_ray_start(cfg)
-        phase("starting Redis and the S3 store")
-        for name in ("redis", "s3"):
-            by_name[name].start(cfg, service_env, group)
-        # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
-        # client server as soon as that port listens. It starts once `ray start` has said it is done:
-        # started beside Ray, its imports only compete with Ray's for the two cores (A/B on the 0.7
-        # stack, three cold starts each: 30.3/30.0/36.5 s to the first trace, against 27.9/29.2/34.9).
-        wait("Redis and the S3 store to listen",
-              lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
-              [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
-        wait("Ray's head to start", lambda: RAY_STARTED in read_log(by_name["ray"].log), services[:3],
-              cfg.start_timeout, interval=0.2, watch=starting, logs=[by_name["ray"].log])
-        phase("starting the API")
-        by_name["api"].start(cfg, service_env, group)
-        state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
-        write_state(cfg, state)
-        say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
-        # Short calls: ndif 0.0.1 answers a /status asked before its dispatcher listens never (see
-        # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
-        wait("the API to connect to Ray and the controller to list the node",
-              lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
-              cfg.start_timeout, interval=0.5, watch=starting,
-              logs=[by_name["api"].log, by_name["ray"].log])
-        timings["services_s"] = round(time.monotonic() - t_cold, 2)
-        say(f"services up in {timings['services_s']} s")
-        if minted:
-            phase(f"deploying {', '.join(minted)} (waiting for HOT)")
-            wait_hot(cfg, env, minted, services, watch=MemoryWatch(group, f"while deploying {', '.join(minted)}"))
-            timings["models_hot_s"] = round(time.monotonic() - t_cold, 2)
-            say(f"{', '.join(minted)} HOT after {timings['models_hot_s']} s")
-        state["phase"] = "ready"
-        state["ready"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_state(cfg, state)
-        return state
-    except BaseException as exc:
-        say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
-        try:
-            _down_locked(cfg, say=lambda m: None)
-        except StackError as cleanup:
-            # What went wrong first stays the error; that stopping it failed too is said beside it.
-            say(f"stopping it failed too: {cleanup}")
-        if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
-            kind = type(exc) if isinstance(exc, StackError) else StackError  # OutOfMemory stays OutOfMemory
-            raise kind(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
-        raise
+
+def _memory_group_of_a_new_stack(cfg: configuration.StackConfig, state: dict,
+                                 say: Callable[[str], None]) -> Optional[memcg.Cgroup]:
+    """The new stack's memory cgroup, recorded in ``state``; None (said) where the host gives none and no
+    limit was asked for."""
+    try:
+        group = memcg.create(cfg.netns, cfg.memory_limit_mib)
+    except memcg.MemcgError as exc:
+        if cfg.memory_limit_mib is not None:
+            raise StackError(f"A memory limit needs a memory cgroup for the stack, but {exc}; "
+                             f"run without --memory-limit.") from None
+        say(f"no memory cgroup for the stack ({exc}): it runs, but an OOM kill will not be named as one")
+        state["memory"] = {"cgroup": None, "why": str(exc)}
+        return None
+    state["memory"] = {"cgroup": str(group.path), "version": group.version, "limit_mib": cfg.memory_limit_mib}
+    return group
+
+
+def _start_services(cfg: configuration.StackConfig, env: envs.Env, state: dict, group: Optional[memcg.Cgroup],
+                    phase: Callable[[str], None], say: Callable[[str], None]) -> List[Service]:
+    """Every service started in order, until the API lists Ray's node; the services, their pids in ``state``."""
+    if cfg.generation.needs_python_path:
+        state["server_nnsight"] = prepare_python_path(cfg, env)
+    services = services_of(cfg, env)
+    ensure_ports_free(cfg, services)
+    venv_bin = env.path / "venv" / "bin"
+    service_env = cfg.environ(venv_bin, role="api")
+    by_name = {s.name: s for s in services}
+    # Ray first: its head, then the controller, then the controller actor is the longest chain
+    # of the start, and nothing in it touches Redis or S3 before they listen (they take about a
+    # second). ndif's controller deploys NDIF_DEPLOYMENTS (pinned) as it starts: the model
+    # actors load while the API is still coming up, and no deploy client has to connect to Ray.
+    deployments = {"NDIF_DEPLOYMENTS": "|".join(state["models"].values())}
+    phase(f"starting Ray (its controller deploys {', '.join(state['models']) or 'nothing'})")
+    memory = MemoryWatch(group, "while starting")
+    by_name["ray"].start(cfg, {**cfg.environ(venv_bin, role="ray"), **deployments}, group)
+
+    def starting() -> None:
+        memory()
+        check_ray_start(cfg)
+    phase("starting Redis and the S3 store")
+    for name in ("redis", "s3"):
+        by_name[name].start(cfg, service_env, group)
+    # The API's workers connect to the S3 store as they boot, and its queue dispatcher to Ray's
+    # client server as soon as that port listens. It starts once `ray start` has said it is done:
+    # started beside Ray, its imports only compete with Ray's for the two cores (A/B on the 0.7
+    # stack, three cold starts each: 30.3/30.0/36.5 s to the first trace, against 27.9/29.2/34.9).
+    wait("Redis and the S3 store to listen",
+         lambda: set(probe(cfg, "ports", str(cfg.redis_port), str(cfg.s3_port)).values()) == {"listening"},
+         [by_name["redis"], by_name["s3"], by_name["ray"]], 30, interval=0.2, watch=starting)
+    wait("Ray's head to start", lambda: RAY_STARTED in read_log(by_name["ray"].log), services[:3],
+         cfg.start_timeout, interval=0.2, watch=starting, logs=[by_name["ray"].log])
+    phase("starting the API")
+    by_name["api"].start(cfg, service_env, group)
+    state["services"] = {s.name: {"pid": s.process.pid, "port": s.port, "log": str(s.log)} for s in services}
+    write_state(cfg, state)
+    say(f"services starting in namespace {cfg.netns} (logs: {cfg.logs})")
+    # Short calls: ndif 0.0.1 answers a /status asked before its dispatcher listens never (see
+    # adaptations_0_0_1 [A12]); the next call after the dispatcher starts is answered.
+    wait("the API to connect to Ray and the controller to list the node",
+         lambda: (api_status(cfg, timeout=1.5) or {}).get("cluster", {}).get("nodes"), services,
+         cfg.start_timeout, interval=0.5, watch=starting,
+         logs=[by_name["api"].log, by_name["ray"].log])
+    return services
+
+
+def _undo_a_failed_up(cfg: configuration.StackConfig, exc: BaseException, say: Callable[[str], None]) -> None:
+    """Stop what a failed ``up`` started; a failure the user can act on is raised again with this attempt's
+    logs named (anything else the caller raises as it was)."""
+    say(f"up failed; stopping what it started (logs stay in {cfg.logs})")
+    try:
+        _down_locked(cfg, say=lambda m: None)
+    except StackError as cleanup:
+        # What went wrong first stays the error; that stopping it failed too is said beside it.
+        say(f"stopping it failed too: {cleanup}")
+    if isinstance(exc, (StackError, deploy.DeployError, netns.NetnsError)):
+        kind = type(exc) if isinstance(exc, StackError) else StackError  # OutOfMemory stays OutOfMemory
+        raise kind(f"{exc}\n(Logs of this attempt: {cfg.logs}; Ray's own: under {cfg.ray_temp_link})") from None
+
 
 #: How long a model may be missing from /status after the controller is up before it counts as failed.
 #: The controller drops a model it could not size or load (and only logs why).

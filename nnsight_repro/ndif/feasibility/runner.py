@@ -299,6 +299,30 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def host_for(client_line: str, given: Optional[Host], local: LocalStacks):
+    """``(host, why)``: where ``client_line``'s probes go, and why none can (None: they can)."""
+    try:
+        host = given or local.host(client_line)
+    except Exception as exc:  # the local stack did not come up: that is every probe's outcome
+        return (Host("(local NDIF stack)", None),
+                f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}")
+    why = host.reachable()
+    return host, why and f"NDIF host {host.url} is unreachable: {why}"
+
+
+def line_record(client_line: str, probes: List[dict], extras: tuple, observed: dict, context: dict) -> dict:
+    """One client line's record: each probe's expectation beside what was observed (its keys in the order
+    the records have always had; the caller adds ``seconds`` and ``provenance``)."""
+    rows = []
+    for probe in probes:
+        expected = expectation(probe, client_line, extras)
+        rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
+                     "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
+    return {"client_line": client_line, "server_flavours": list(extras),
+            "all_matched": all(r["matched"] for r in rows), "probes": rows, "seconds": None,
+            "context": {"pairing": CLIENT_LINES[client_line].shows, **context}, "provenance": None}
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
 
@@ -337,47 +361,31 @@ def main(argv=None) -> int:
     try:
         for client_line in serving_order(chosen):
             started = time.perf_counter()
-            try:
-                host = given or local.host(client_line)
-            except Exception as exc:  # the local stack did not come up: that is every probe's outcome
-                host = Host("(local NDIF stack)", None)
-                why = f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}"
-            else:
-                why = host.reachable()
-                why = why and f"NDIF host {host.url} is unreachable: {why}"
+            host, why = host_for(client_line, given, local)
             say(f"client line {client_line} ({CLIENT_LINES[client_line].shows}) -> {host.url} ({host.kind})")
             if why:
                 say(why)
                 observed, context = unreachable(probes, why), {}
             else:
                 observed, context = run_line(client_line, probes, host, say)
-            rows = []
-            for probe in probes:
-                expected = expectation(probe, client_line, extras)
-                rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
-                             "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
-            all_matched = all(r["matched"] for r in rows)
-            record = {
-                "client_line": client_line, "server_flavours": list(extras), "all_matched": all_matched,
-                "probes": rows,
-                "seconds": round(time.perf_counter() - started, 3),
-                "context": {"pairing": CLIENT_LINES[client_line].shows, **context},
-                "provenance": provenance.record(
-                    command,
-                    versions={"client": context.get("client") or {},
-                              "server": (context.get("server_env") or {}).get("packages")
-                              or (local_server(host) or {}).get("nnsight") or {}},
-                    server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
-                            "generation": server_generation(client_line) if not given else "as the host reports",
-                            "flavours": list(extras),
-                            # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
-                            "local": local_server(host)},
-                    details={"probe_file": str(args.probes), "probe_option": args.probe}),
-            }
+            record = line_record(client_line, probes, extras, observed, context)
+            record["seconds"] = round(time.perf_counter() - started, 3)
+            record["provenance"] = provenance.record(
+                command,
+                versions={"client": context.get("client") or {},
+                          "server": (context.get("server_env") or {}).get("packages")
+                          or (local_server(host) or {}).get("nnsight") or {}},
+                server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
+                        "generation": server_generation(client_line) if not given else "as the host reports",
+                        "flavours": list(extras),
+                        # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
+                        "local": local_server(host)},
+                details={"probe_file": str(args.probes), "probe_option": args.probe})
             target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
             fsutil.write_text(target.with_suffix(".md"), markdown(record))
-            print(table(rows), flush=True)
+            print(table(record["probes"]), flush=True)
+            all_matched = record["all_matched"]
             say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
             if not all_matched:
                 exit_code = EXIT_MISMATCH
