@@ -14,7 +14,9 @@ Modules, one concept each:
 - ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack_clients``);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
 - ``memcg``: the stack's memory cgroup: where its memory is counted, optionally capped, and OOM kills show;
-- ``config``: the generations, ports, folders and the environment every server process gets;
+- ``generations``: one class per server generation (everything in which they differ), and ``PAIRINGS``: which
+  client environment runs against which generation and server build, declared once;
+- ``config``: a stack's folders, ports, settings and their checks (``StackConfig``);
 - ``adaptations_0_1_2``: the only code that runs *inside* the 0.1.2 server: the CPU model actor and the
   nnsight-0.8.1 compatibility shim, each named for the incompatibility it bridges;
 - ``adaptations_0_0_1``: the same for the 0.0.1 server: every backport that lets it serve nnsight 0.7.0;

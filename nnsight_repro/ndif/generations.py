@@ -192,7 +192,8 @@ class Ndif012(Generation):
     note = "PyPI ndif 0.1.2"
 
     def minted_file(self, client: str) -> str:
-        # One client speaks for this stack (its first minted file predates the per-client name).
+        # One client speaks for this stack, so the file needs no client in its name (0.0.1 has two, whose
+        # keys differ).
         return "minted.json"
 
     def tolerance_note(self) -> str:

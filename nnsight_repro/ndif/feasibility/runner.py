@@ -15,7 +15,8 @@ probe; every observation is compared with the probe's expectation for that line,
 and one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
 it. Exit 0 only when every observation matched.
 
-Client lines (:data:`.declarations.CLIENT_LINES`, default: all) are pairings of a client and the local
+Client lines (:data:`.declarations.CLIENT_LINES`, default: all; the probed pairings of
+:data:`nnsight_repro.ndif.generations.PAIRINGS`) are pairings of a client and the local
 server that serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
 ``patched-client-only`` (the series on the client, a stock 0.7.0 server: what a researcher gets against
 today's NDIF) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
