@@ -255,7 +255,7 @@ def test_rays_start_waits_for_a_dashboard_slower_than_its_fixed_polls_and_then_r
     assert services.start_api_server() is None  # Ray's own budget, 0.2 s, is too short
     services, kv = _fake_ray(monkeypatch, ready_after_s=0.3)
     getter = kv._internal_kv_get
-    adaptations._patient_dashboard_start(services)
+    adaptations.patient_dashboard_start(services)
     assert services.start_api_server() == b"127.0.0.1:8265"
     assert kv._internal_kv_get is getter
 

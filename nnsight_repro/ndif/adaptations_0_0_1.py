@@ -140,7 +140,9 @@ DASHBOARD_POLL_EXTRA_S = 0.5
 
 
 @_after_import("ray._private.services")
-def _patient_dashboard_start(module) -> None:
+def patient_dashboard_start(module) -> None:
+    """[A14] Ray's ``start_api_server`` given a dashboard that is slower than its fixed polls (public: the
+    tests apply it to a fake Ray)."""
     original = module.start_api_server
 
     def start_api_server(*args, **kwargs):
