@@ -47,7 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nnsight_repro import envs, models as panel_models, provenance  # noqa: E402
-from nnsight_repro.ndif import config, deploy, negative_control, netns, panel, server_env, stack  # noqa: E402
+from nnsight_repro.ndif import (config, deploy, errors, generations, netns, panel, server_env, stack,
+                                stack_clients)  # noqa: E402
 
 
 #: The local stack's bar (issue 3): cold start to the first successful remote trace.
@@ -55,32 +56,32 @@ COLD_START_BAR_S = 40.0
 
 
 def cold_start(cfg: config.StackConfig, models, client: str) -> dict:
-    """One round: ``up`` from nothing to the first remote trace of ``models[0]`` (see stack.up_to_first_trace)."""
+    """One round: ``up`` from nothing to the first remote trace of ``models[0]`` (see stack_clients.up_to_first_trace)."""
     load = os.getloadavg()[0]
-    state = stack.up_to_first_trace(cfg, models[0], client, models=models)
+    state = stack_clients.up_to_first_trace(cfg, models[0], client, models=models)
     return {**state["timings"], "load_average_before": round(load, 2), "server_nnsight": state.get("server_nnsight")}
 
 
 def warm(cfg: config.StackConfig, models, client: str, repeat: int) -> dict:
     """On a running stack: a fresh client's whole run, then each model's warm remote and local medians."""
     started = time.time()
-    # The 0.7 server computes in bfloat16: its traces are compared within the negative control's tolerance.
-    case = f"trace:{models[0]}" + ("" if cfg.line == "0.8" else f":{negative_control.ATOL}")
-    fresh = stack.run_client(cfg, [case], client=client)[case]
+    # Compared within the generation's tolerance (the 0.7 server computes in bfloat16; the 0.8 one exactly).
+    case = f"trace:{models[0]}:{cfg.generation.atol}"
+    fresh = stack_clients.run_client(cfg, [case], client=client)[case]
     record = {"fresh_client_trace_s": round(time.time() - started, 2), "fresh_client_ok": bool(fresh.get("ok")),
               "models": {}}
     # A failed timing is recorded beside the others, not instead of them.
     cases = [f"timing:{m}:{repeat}" for m in models]
     try:
-        timings = stack.run_client(cfg, cases, client=client)
-    except stack.StackError as exc:
+        timings = stack_clients.run_client(cfg, cases, client=client)
+    except errors.StackError as exc:
         timings = {c: {"ok": False, "message": str(exc)} for c in cases}
     for m, c in zip(models, cases):
         t = timings[c]
         if not t.get("ok"):
             record["models"][m] = {"ok": False, "error": t.get("error"), "message": t.get("message", "")[-2000:]}
             continue
-        record["models"][m] = {"ok": True, **stack.timing_medians(t), "remote_s": t["remote_s"], "local_s": t["local_s"]}
+        record["models"][m] = {"ok": True, **stack_clients.timing_medians(t), "remote_s": t["remote_s"], "local_s": t["local_s"]}
     return record
 
 
@@ -101,10 +102,11 @@ def memory(cfg: config.StackConfig) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--line", choices=sorted(config.GENERATIONS), default="0.8",
+    parser.add_argument("--line", choices=sorted(generations.GENERATIONS), default="0.8",
                         help="which stack: 0.8 (ndif 0.1.2, the default) or 0.7 (ndif 0.0.1)")
-    parser.add_argument("--server", choices=("stock", "patched"), default="patched",
-                        help="0.7 only: the server's nnsight (and the matching client: main or patched)")
+    parser.add_argument("--server", choices=("stock", "patched"), default=None,
+                        help="0.7 only: the server's nnsight (and the matching client: main or patched; "
+                             "default patched)")
     parser.add_argument("--models", help="panel models to time, the first one cold (default: the 0.8 stack's "
                                          "deployed models; on 0.7 gpt2, and bert-mlm, esm-mlm with --server patched)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -116,24 +118,27 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     line = args.line
-    if line == "0.8" and args.server != "patched":
-        parser.error("--server chooses the 0.7 stack's nnsight; the 0.8 stack runs stock nnsight 0.8.1")
+    # The generation's last server build: the project's patched one where there is one.
+    servers = generations.GENERATIONS[line].servers
+    server = args.server or servers[-1]
+    if server not in servers:
+        parser.error(f"--server chooses the 0.7 stack's nnsight; the {line} stack runs {', '.join(servers)} nnsight")
     if args.rounds < 1 or args.repeat < 1:
         parser.error("--rounds and --repeat take a positive number")
     try:
-        cfg = config.default(line=line, extras=args.extras, **({"server": args.server} if line == "0.7" else {}))
+        cfg = config.default(line=line, extras=args.extras, server=server)
     except config.ConfigError as exc:
         parser.error(str(exc))
     client = cfg.client
-    default_models = deploy.SERVED if line == "0.8" or args.server == "patched" else deploy.SERVED_07
+    # The patched client's keys of the masked LMs are the patched server's: they deploy at start too.
+    default_models = deploy.SERVED if server == "patched" else list(cfg.generation.served)
     if cfg.extras:
         default_models = [name for name, entry in panel_models.RNA_PANEL.items()
                           if set(entry.requires) <= set(cfg.extras)][:panel.BATCH]
     models = [m for m in (args.models or ",".join(default_models)).split(",") if m]
     if netns.exists(cfg.netns):
-        down = "" if line == "0.8" else f" --line {line}"
         parser.error(f"a stack is running for this cache (namespace {cfg.netns}); a cold start needs nothing "
-                     f"running: `python3 -m nnsight_repro ndif down{down}` first")
+                     f"running: `python3 -m nnsight_repro ndif down{cfg.generation.line_option}` first")
 
     started = time.monotonic()
     server_env.ensure(line=line, extras=cfg.extras)
@@ -151,7 +156,7 @@ def main(argv=None) -> int:
                             "server": envs.reported_versions(server_env.ensure(build=False, line=line,
                                                                                extras=cfg.extras))},
                   server={"kind": "local NDIF stack", "line": line, "ndif": cfg.generation.ndif,
-                          "nnsight_flavour": args.server if line == "0.7" else "stock",
+                          "nnsight_flavour": cfg.server,
                           "flavours": list(cfg.extras)}),
               "load_average_before": os.getloadavg(), "line": line, "models": models,
               "environments_ready_s": round(environments_s, 2), "cold_start_bar_s": COLD_START_BAR_S,
@@ -166,7 +171,7 @@ def main(argv=None) -> int:
                 record["warm"] = warm(cfg, models, client, args.repeat)
                 record["memory"] = memory(cfg)
             record["rounds"].append(cold)
-        except stack.StackError as exc:
+        except errors.StackError as exc:
             # A round that fails is recorded; the rounds before it are kept.
             failure = str(exc)
             record["rounds"].append({"ok": False, "error": failure[-2000:]})
@@ -174,7 +179,8 @@ def main(argv=None) -> int:
         finally:
             stack.down(cfg, say=lambda m: None)
     record["load_average_after"] = os.getloadavg()
-    if line == "0.7" and record["rounds"] and "server_nnsight" in record["rounds"][0]:
+    # Recorded by a generation whose server imports a build the stack links in (0.7), None elsewhere.
+    if record["rounds"] and record["rounds"][0].get("server_nnsight"):
         record["provenance"]["versions"]["server"]["nnsight_imported"] = record["rounds"][0]["server_nnsight"]
     done = [r for r in record["rounds"] if "first_trace_s" in r]
     if done:

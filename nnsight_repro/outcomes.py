@@ -9,7 +9,7 @@ Two callers give it facts: ``ndif.panel.predicted`` from what each panel model d
 checkpoint's module tree built on the meta device and from the server's ``/env``. The tests hold both
 against the committed live runs (``tests/test_ndif_panel.py``, ``tests/test_preflight.py``).
 
-Does not own the facts: a model's (the panel, or preflight's tree), a server's (``ndif.config.Generation``,
+Does not own the facts: a model's (the panel, or preflight's tree), a server's (``ndif.generations.Generation``,
 ``ndif.server_packages``, a host's ``/env``), which client is which (:data:`nnsight_repro.envs.SPECS`), or
 what differs between nnsight lines (:mod:`nnsight_repro.lines`). Stdlib only.
 """
@@ -22,6 +22,7 @@ from typing import FrozenSet, List, Optional
 from . import envs, lines
 # What a stock 0.7.0 key (no ``automodel``) makes a server rebuild: LanguageModel's default automodel.
 from .checks import RELEASE_AUTOMODEL
+from .ndif.generations import GENERATIONS
 
 #: What 0.7.0 raises on a server that unpickles its synthesized envoy class (the envoy bug).
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
@@ -124,8 +125,9 @@ def failures(model: ModelFacts, client: str, server: ServerFacts) -> List[dict]:
     found = []
     missing = [p for p in model.requires if server.packages is not None and p not in server.packages]
     if missing:
-        # Observed on ndif 0.0.1 (probe_ndif.py); a 0.8 probe asks /env first and never sends the request.
-        found.append(_fail("package", PROVISIONING if server.line == "0.7" else None))
+        # Observed on ndif 0.0.1 (probe_ndif.py); a probe of a server that answers /env asks it first and never
+        # sends the request.
+        found.append(_fail("package", None if GENERATIONS[server.line].answers_env else PROVISIONING))
     if releases_bugs(client):
         if model.automodel != RELEASE_AUTOMODEL and not model.has_causal_lm:
             found.append(_fail("key", PROVISIONING))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from nnsight_repro import ROOT
-from nnsight_repro.ndif import memcg, panel, stack
+from nnsight_repro.ndif import errors, memcg, memory_watch, panel
 
 ALLOCATE_200_MIB = "x = bytearray(200 * 1024 * 1024)"
 
@@ -100,8 +100,8 @@ def _looks(count, hits_per_look, refaults_per_look):
 
 def test_the_watch_names_an_oom_kill_at_once_with_what_the_stack_was_doing(monkeypatch):
     fake = FakeCgroup(monkeypatch, {}, {"oom_kills": 2})
-    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
-    with pytest.raises(stack.OutOfMemory, match="ran out of memory while deploying rnabert: the kernel killed 2 of "
+    watch = memory_watch.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    with pytest.raises(errors.OutOfMemory, match="ran out of memory while deploying rnabert: the kernel killed 2 of "
                                                 "its processes for want of memory \\(its memory limit is 1000 MiB, its peak 900 MiB; .*a higher "
                                                 "--memory-limit"):
         watch()
@@ -109,9 +109,9 @@ def test_the_watch_names_an_oom_kill_at_once_with_what_the_stack_was_doing(monke
 
 def test_the_watch_names_thrashing_at_the_limit_after_its_grace(monkeypatch):
     fake = FakeCgroup(monkeypatch, *_looks(24, hits_per_look=100, refaults_per_look=200))
-    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    watch = memory_watch.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
     looks = 0
-    with pytest.raises(stack.OutOfMemory, match="for 20 s it was at its limit and reading evicted pages back in"):
+    with pytest.raises(errors.OutOfMemory, match="for 20 s it was at its limit and reading evicted pages back in"):
         for looks in range(1, 24):
             watch()
     assert looks == 21  # the first thrashing look starts the 20 s
@@ -119,14 +119,14 @@ def test_the_watch_names_thrashing_at_the_limit_after_its_grace(monkeypatch):
 
 def test_one_look_after_a_long_wait_is_not_thrashing(monkeypatch):
     fake = FakeCgroup(monkeypatch, {}, {"limit_hits": 5000, "refaults": 100_000})
-    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=lambda: fake.clock() * 600)
+    watch = memory_watch.MemoryWatch(object(), "while deploying rnabert", clock=lambda: fake.clock() * 600)
     watch()
 
 
 def test_an_uncapped_stack_that_ran_the_machine_out_is_not_told_to_raise_its_limit(monkeypatch):
     fake = FakeCgroup(monkeypatch, {"limit_mib": None}, {"limit_mib": None, "oom_kills": 1})
-    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
-    with pytest.raises(stack.OutOfMemory, match="no memory limit of its own: the machine ran out") as raised:
+    watch = memory_watch.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    with pytest.raises(errors.OutOfMemory, match="no memory limit of its own: the machine ran out") as raised:
         watch()
     assert "--memory-limit" not in str(raised.value)
 
@@ -136,19 +136,19 @@ def test_the_watch_leaves_a_stack_that_is_not_starved_alone(monkeypatch, hits, r
     # At the limit with few pages read back (page cache recycled), or reading pages back below the limit:
     # neither is running out of memory.
     fake = FakeCgroup(monkeypatch, *_looks(40, hits, refaults))
-    watch = stack.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
+    watch = memory_watch.MemoryWatch(object(), "while deploying rnabert", clock=fake.clock)
     for _ in range(39):
         watch()
 
 
 def test_a_trace_that_failed_while_the_stack_ran_out_of_memory_says_so_and_one_that_passed_is_left(monkeypatch):
     fake = FakeCgroup(monkeypatch, {}, {"oom_kills": 1})
-    watch = stack.MemoryWatch(object(), "while the patched client traced rnabert", clock=fake.clock)
+    watch = memory_watch.MemoryWatch(object(), "while the patched client traced rnabert", clock=fake.clock)
     records = {"trace:rnabert:0.08": {"ok": False, "error": "RemoteException", "message": "Error starting model"},
                "write:rnabert:0.08": {"ok": True, "atol": 0.08}}
-    panel._name_out_of_memory(records, watch)
+    panel.name_out_of_memory(records, watch)
     assert "out_of_memory" not in records["write:rnabert:0.08"]
-    row = panel._records("rnabert", "patched", "required", "0.7", records, {}, None, 1)[0]
+    row = panel.model_rows("rnabert", "patched", "required", "0.7", records, {}, None, 1)[0]
     assert row["reason"].startswith("Error starting model\n"), row["reason"]
     assert row["reason"].splitlines()[-1].startswith(
         "The stack ran out of memory while the patched client traced rnabert: the kernel killed 1"), row["reason"]

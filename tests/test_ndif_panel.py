@@ -14,16 +14,16 @@ import time
 import pytest
 
 from nnsight_repro import ROOT, models, procfs
-from nnsight_repro.ndif import panel, server_env, server_packages
+from nnsight_repro.ndif import config, panel, server_env, server_packages
 
 
 def test_tolerance_is_exact_on_08_and_five_bf16_units_at_the_values_magnitude_on_07():
-    assert panel.tolerance("0.8", 34.0) == 0.0
+    assert config.generation("0.8").tolerance(34.0) == 0.0
     # The tiny models' magnitudes (2-4) keep the negative control's 0.08; smaller ones never go below it.
-    assert panel.tolerance("0.7", 2.9) == panel.ATOL["0.7"] == 0.08
-    assert panel.tolerance("0.7", 0.3) == 0.08
+    assert config.generation("0.7").tolerance(2.9) == panel.ATOL["0.7"] == 0.08
+    assert config.generation("0.7").tolerance(0.3) == 0.08
     # AntiBERTy's logits (~34): one bf16 unit there is 2^-2.
-    assert panel.tolerance("0.7", 34.06) == 5 * 2 ** -2
+    assert config.generation("0.7").tolerance(34.06) == 5 * 2 ** -2
 
 
 def test_negative_control_predictions_follow_the_key_and_envoy_bugs():
@@ -77,7 +77,7 @@ def _row(record, line="0.7", trace="read", built=None):
     kind = panel.TRACES[trace]
     case = f"{kind}:rnabert:{panel.ATOL[line]}"
     client = "patched" if line == "0.7" else "upstream-0.8"
-    rows = panel._records("rnabert", client, "required", line, {case: record}, built or {}, None, 1)
+    rows = panel.model_rows("rnabert", client, "required", line, {case: record}, built or {}, None, 1)
     return {r["trace"]: r for r in rows}[trace]
 
 
@@ -125,7 +125,7 @@ def test_the_clients_local_traces_of_utr_lm_run_on_07():
 
 
 def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_traces():
-    rows = panel._records("rnabert", "upstream-0.8", "required", "0.8", {}, {},
+    rows = panel.model_rows("rnabert", "upstream-0.8", "required", "0.8", {}, {},
                           "Model(s) failed to deploy:\n  rnabert: ValueError: model type 'rnabert' not recognized", 1)
     assert [r["trace"] for r in rows] == ["read", "write"]
     assert all(not r["ok"] and "model type 'rnabert'" in r["reason"] for r in rows)
@@ -133,7 +133,7 @@ def test_a_model_the_server_cannot_deploy_carries_the_servers_reason_in_both_tra
 
 def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_traces_what_deployed(
         monkeypatch, tmp_path):
-    from nnsight_repro.ndif import deploy, netns, stack
+    from nnsight_repro.ndif import deploy, errors, memory_watch, netns, stack, stack_clients
 
     attempted, traced = [], []
 
@@ -141,7 +141,7 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
         (name,) = minted
         attempted.append(name)
         if name == "rnafm":
-            raise stack.StackError("Timed out after 300 s waiting for `ndif deploy` of rnafm.")
+            raise errors.StackError("Timed out after 300 s waiting for `ndif deploy` of rnafm.")
         if name == "rnabert":
             raise deploy.DeployError("Model(s) failed to deploy:\n  rnabert: ValueError: not recognized")
 
@@ -156,11 +156,11 @@ def test_a_deployment_that_stalls_leaves_the_rest_of_the_batch_undeployed_and_tr
     monkeypatch.setattr(stack, "down", lambda cfg, say: {})
     monkeypatch.setattr(stack, "minted_keys", lambda cfg, names: {n: {"key": n} for n in names})
     monkeypatch.setattr(stack, "deploy_models", deploy_models)
-    monkeypatch.setattr(stack, "run_client", run_client)
-    monkeypatch.setattr(stack, "built_models", lambda cfg: [])
+    monkeypatch.setattr(stack_clients, "run_client", run_client)
+    monkeypatch.setattr(stack_clients, "built_models", lambda cfg: [])
     monkeypatch.setattr(server_env, "ensure", lambda **kw: None)
     monkeypatch.setattr(panel, "stack_memory", lambda cfg: {})
-    monkeypatch.setattr(stack, "memory_group", lambda cfg: None)
+    monkeypatch.setattr(memory_watch, "memory_group", lambda cfg: None)
 
     result = panel.run_batch("0.8", ["rnabert", "splicebert", "rnafm", "rinalmo", "utrlm"], 1, say=lambda m: None)
     # A model the server refuses does not stop the batch; one whose deployment stalls does, at once.

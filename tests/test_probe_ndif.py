@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro.ndif.feasibility import runner
+from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
@@ -384,7 +385,8 @@ def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_
 
 # The 0.7 client lines against the 0.7 stack (ndif 0.0.1), stock and patched server -----------------
 
-PAIRINGS_07 = [("main", "ndif07_stock"), ("patched-client-only", "ndif07_stock"), ("patched", "ndif07_patched")]
+#: Each 0.7 client line (from the one declaration of pairings) with the fixture of the stack flavour serving it.
+PAIRINGS_07 = [(name, f"ndif07_{p.server}") for name, p in CLIENT_LINES.items() if p.line == "0.7"]
 
 
 @pytest.mark.parametrize("client_line, flavour", PAIRINGS_07)

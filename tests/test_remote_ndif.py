@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT, channel, series
-from nnsight_repro.ndif import config, deploy, netns, server_env, server_packages, stack
+from nnsight_repro.ndif import (config, deploy, errors, health, netns, server_env, server_packages, services, stack,
+                                stack_clients, stack_state)
 
 TRACED = ["gpt2", "bert-mlm", "esm-mlm"]
 
 
 @pytest.fixture(scope="module")
 def inline_cap(ndif_stack):
-    return stack.inline_cap(ndif_stack.cfg)
+    return stack_clients.inline_cap(ndif_stack.cfg)
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +105,9 @@ def test_stack_namespace_has_only_loopback(ndif_stack):
 
 
 def test_second_up_while_one_runs_is_refused_naming_the_running_stack(ndif_stack):
-    with pytest.raises(stack.StackError, match=f"already running .*{ndif_stack.cfg.netns}.*ndif down"):
+    with pytest.raises(errors.StackError, match=f"already running .*{ndif_stack.cfg.netns}.*ndif down"):
         stack.up(ndif_stack.cfg)
-    assert stack.healthy(ndif_stack.cfg)
+    assert health.healthy(ndif_stack.cfg)
 
 
 def test_model_that_fails_to_deploy_is_named_with_its_cause(ndif_stack, tmp_path):
@@ -157,7 +158,7 @@ def client_like(behaviour: str) -> channel.Stream:
 
 def test_ready_client_is_waited_for_past_its_other_output():
     client = client_like("ready-client")
-    stack.wait_ready(client, timeout=30)
+    stack_clients.wait_ready(client, timeout=30)
     assert client.records(timeout=30) == [{"cases": {}}]
     assert "warning: something" in client.stderr_tail()
     client.close()
@@ -165,15 +166,15 @@ def test_ready_client_is_waited_for_past_its_other_output():
 
 def test_client_that_exits_before_it_is_ready_is_named_with_its_stderr():
     client = client_like("failing")
-    with pytest.raises(stack.StackError,
+    with pytest.raises(errors.StackError,
                        match=r"(?s)exited before it was ready.*stand-in remote client.*exited with code 1.*about to fail"):
-        stack.wait_ready(client, timeout=30)
+        stack_clients.wait_ready(client, timeout=30)
 
 
 def test_client_never_ready_is_killed_after_the_timeout():
     client = client_like("hang")
-    with pytest.raises(stack.StackError, match="not ready after 1 s"):
-        stack.wait_ready(client, timeout=1)
+    with pytest.raises(errors.StackError, match="not ready after 1 s"):
+        stack_clients.wait_ready(client, timeout=1)
     assert client.poll() is not None
 
 
@@ -197,9 +198,9 @@ def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
         subprocess.run(netns.command(scratch_stack.netns, [sys.executable, "-c",
                        "import socket, time\nwhile socket.socket().connect_ex(('127.0.0.1', 8001)): time.sleep(0.1)"]),
                        timeout=30, check=True)
-        api = stack.Service("api", [], 8001, scratch_stack.folder / "api.log")
-        with pytest.raises(stack.StackError, match=r"Port\(s\) 8001 \(for api\) are already taken"):
-            stack.ensure_ports_free(scratch_stack, [api])
+        api = services.Service("api", [], 8001, scratch_stack.folder / "api.log")
+        with pytest.raises(errors.StackError, match=r"Port\(s\) 8001 \(for api\) are already taken"):
+            services.ensure_ports_free(scratch_stack, [api])
     finally:
         listener.kill()
         listener.wait()
@@ -208,10 +209,10 @@ def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
 def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scratch_stack):
     # Ray's start script cannot create its temp dir: the ray service exits as the stack starts.
     cfg = config.StackConfig(folder=scratch_stack.folder, extra_env={"NDIF_RAY_TEMP_DIR": "/proc/nnsr-no-such-dir"})
-    with pytest.raises(stack.StackError, match=r"(?s)ray exited with code 1 during start.*ray\.log"):
+    with pytest.raises(errors.StackError, match=r"(?s)ray exited with code 1 during start.*ray\.log"):
         stack.up(cfg, models=[])
     assert not netns.exists(cfg.netns)
-    assert stack.read_state(cfg) is None
+    assert stack_state.read_state(cfg) is None
     assert (cfg.logs / "redis.log").exists()  # the logs of the failed run stay
 
 
@@ -219,11 +220,11 @@ def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scrat
 def test_rays_start_race_in_its_gcs_log_is_named_at_once(scratch_stack, layout):
     logs = scratch_stack.ray_temp / layout / "session_2026-12-01_00-00-00_000000_1" / "logs"
     logs.mkdir(parents=True)
-    stack.check_ray_start(scratch_stack)  # a GCS that logs nothing of it
+    services.check_ray_start(scratch_stack)  # a GCS that logs nothing of it
     (logs / "gcs_server.out").write_text(f"[2026-12-01 00:00:01,000 C 1 1] gcs_server.cc:1 Check failed: "
-                                         f"!exporting_started_ {stack.RAY_START_RACE}.\n")
-    with pytest.raises(stack.RayStartRace, match="Ray's GCS aborted as it started .*gcs_server.out"):
-        stack.check_ray_start(scratch_stack)
+                                         f"!exporting_started_ {services.RAY_START_RACE}.\n")
+    with pytest.raises(errors.RayStartRace, match="Ray's GCS aborted as it started .*gcs_server.out"):
+        services.check_ray_start(scratch_stack)
 
 
 @pytest.mark.parametrize("races, outcome", [(1, "up"), (2, "RayStartRace")])
@@ -233,14 +234,14 @@ def test_up_starts_once_more_after_rays_start_race_and_only_once(scratch_stack, 
     def up_locked(cfg, models, say, on_namespace):
         calls.append(cfg)
         if len(calls) <= races:
-            raise stack.RayStartRace("Ray's GCS aborted as it started (...).")
+            raise errors.RayStartRace("Ray's GCS aborted as it started (...).")
         return {"phase": "ready"}
 
-    monkeypatch.setattr(stack, "_up_locked", up_locked)
+    monkeypatch.setattr(stack, "up_once", up_locked)
     if outcome == "up":
         assert stack.up(scratch_stack, models=[], say=said.append) == {"phase": "ready"}
     else:
-        with pytest.raises(stack.RayStartRace):
+        with pytest.raises(errors.RayStartRace):
             stack.up(scratch_stack, models=[], say=said.append)
     assert len(calls) == 2 and said == ["Ray's GCS aborted as it started (...). Starting the stack once more."]
 
@@ -248,11 +249,11 @@ def test_up_starts_once_more_after_rays_start_race_and_only_once(scratch_stack, 
 def test_a_wait_that_times_out_quotes_the_end_of_the_services_log(tmp_path):
     log = tmp_path / "ray.log"
     log.write_text("Usage stats collection is disabled.\nLocal node IP: 127.0.0.1\n")
-    with pytest.raises(stack.StackError, match=r"(?s)Timed out after 0 s waiting for Ray's head.*"
+    with pytest.raises(errors.StackError, match=r"(?s)Timed out after 0 s waiting for Ray's head.*"
                                                r"ray\.log:\n    Usage stats.*\n    Local node IP: 127\.0\.0\.1$"):
-        stack._wait("Ray's head to start", lambda: False, [], 0.05, interval=0.01, logs=[log])
-    with pytest.raises(stack.StackError, match=r"(?s)waiting for the API.*api\.log:\n\(no log\).*ray\.log:\n    Usage"):
-        stack._wait("the API", lambda: False, [], 0.05, interval=0.01, logs=[tmp_path / "api.log", log])
+        services.wait("Ray's head to start", lambda: False, [], 0.05, interval=0.01, logs=[log])
+    with pytest.raises(errors.StackError, match=r"(?s)waiting for the API.*api\.log:\n\(no log\).*ray\.log:\n    Usage"):
+        services.wait("the API", lambda: False, [], 0.05, interval=0.01, logs=[tmp_path / "api.log", log])
 
 
 # The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------

@@ -61,7 +61,7 @@ def key_fields(key):
 
 def assert_within_bf16_tolerance(record):
     # The server computes in bfloat16 (ndif 0.0.1's default dtype); the local run is float32.
-    # Why 0.08: nnsight_repro/ndif/config.py, BF16_ATOL.
+    # Why 0.08: nnsight_repro/ndif/generations.py, BF16_ATOL.
     assert record["ok"], record
     for point in ("first_layer", "final_hidden"):
         assert record[point]["dtype"] == "torch.bfloat16", record
@@ -177,7 +177,7 @@ def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request)
 @pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
 def test_every_ray_client_connecting_as_the_api_does_gets_its_server(flavour, request):
     # With gRPC's fork support on in Ray's processes, 18 of 122 such connects (measured) lost their
-    # server at start and waited 30 s (config.RAY_ENV); 16 per flavour, 32 in all, would miss that
+    # server at start and waited 30 s (generations.RAY_ENV); 16 per flavour, 32 in all, would miss that
     # less than once in a hundred runs.
     attempts = request.getfixturevalue(flavour)["ray_clients"]
     assert len(attempts) == 16
@@ -306,7 +306,7 @@ def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_serv
     assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
     assert key_fields(row["key"])["automodel"] == "AutoModelForMaskedLM"
     for point in row["points"].values():
-        # bfloat16 on the server; within five bf16 units at the value's own magnitude (panel.tolerance).
+        # bfloat16 on the server; within five bf16 units at the value's own magnitude (Generation.tolerance).
         assert point["dtype"] == "torch.bfloat16" and point["max_abs_diff"] <= point["tolerance"], row["points"]
     if trace == "read":
         assert row["read_points"][0] == "first_layer: nns_output", row

@@ -1,4 +1,4 @@
-"""A stack folder's lease (nnsight_repro.ndif.stack.lease): a second user waits for the first, a user the
+"""A stack folder's lease (nnsight_repro.ndif.stack_state.lease): a second user waits for the first, a user the
 holder started goes on, and a holder that dies frees it. No stack runs: the lease needs only a folder."""
 
 import os
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from nnsight_repro import ROOT
-from nnsight_repro.ndif import stack
+from nnsight_repro.ndif import errors, stack_state
 
 #: A process that takes the lease of the folder in argv[1], says so by creating argv[1]/held, and keeps it
 #: until argv[1]/release appears; argv[1]/letting-go is created just before it lets go.
@@ -19,9 +19,9 @@ HOLDER = """
 import sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from nnsight_repro.ndif import stack
+from nnsight_repro.ndif import errors, stack_state
 folder = Path(sys.argv[1])
-with stack.lease(SimpleNamespace(folder=folder, line="0.8"), say=lambda m: None, wait_s=0):
+with stack_state.lease(SimpleNamespace(folder=folder, line="0.8"), say=lambda m: None, wait_s=0):
     (folder / "held").touch()
     while not (folder / "release").exists():
         time.sleep(0.05)
@@ -34,10 +34,10 @@ TAKER = """
 import os, sys
 from pathlib import Path
 from types import SimpleNamespace
-from nnsight_repro.ndif import stack
+from nnsight_repro.ndif import errors, stack_state
 folder = Path(sys.argv[1])
 (folder / "taker-parent").write_text(str(os.getppid()))
-with stack.lease(SimpleNamespace(folder=folder, line="0.8"), say=lambda m: None, wait_s=0):
+with stack_state.lease(SimpleNamespace(folder=folder, line="0.8"), say=lambda m: None, wait_s=0):
     pass
 """
 
@@ -75,7 +75,7 @@ def test_a_second_user_waits_for_the_holder_and_takes_the_lease_once_it_lets_go(
         said.append(message)
         (cfg.folder / "release").touch()
 
-    with stack.lease(cfg, say=say, wait_s=60):
+    with stack_state.lease(cfg, say=say, wait_s=60):
         assert (cfg.folder / "letting-go").exists(), "the lease was taken while its holder still held it"
     assert len(said) == 2, said
     assert f"in use by pid {holder.pid} (" in said[0] and "waiting" in said[0], said
@@ -83,8 +83,8 @@ def test_a_second_user_waits_for_the_holder_and_takes_the_lease_once_it_lets_go(
 
 
 def test_a_lease_still_held_after_the_wait_raises_naming_the_holder_and_the_fix(cfg, holder):
-    with pytest.raises(stack.StackError) as raised:
-        with stack.lease(cfg, say=lambda m: None, wait_s=1):
+    with pytest.raises(errors.StackError) as raised:
+        with stack_state.lease(cfg, say=lambda m: None, wait_s=1):
             pytest.fail("the lease was taken while another process held it")
     message = str(raised.value)
     assert f"still in use by pid {holder.pid}" in message and str(cfg.folder) in message, message
@@ -93,8 +93,8 @@ def test_a_lease_still_held_after_the_wait_raises_naming_the_holder_and_the_fix(
 
 def test_a_process_the_holder_started_goes_on_under_its_lease(cfg):
     said = []
-    with stack.lease(cfg, say=said.append, wait_s=0):
-        with stack.lease(cfg, say=said.append, wait_s=0):  # the holder itself, again
+    with stack_state.lease(cfg, say=said.append, wait_s=0):
+        with stack_state.lease(cfg, say=said.append, wait_s=0):  # the holder itself, again
             pass
         child = subprocess.run(python(TAKER, cfg.folder), env=env(), cwd=ROOT, capture_output=True, text=True,
                                timeout=60)
@@ -111,6 +111,6 @@ def test_a_holder_killed_outright_frees_the_lease(cfg, holder):
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=60)
     said = []
-    with stack.lease(cfg, say=said.append, wait_s=0):
+    with stack_state.lease(cfg, say=said.append, wait_s=0):
         assert (cfg.folder / ".lease").read_text() == str(os.getpid())
     assert said == []

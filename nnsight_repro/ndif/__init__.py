@@ -11,15 +11,23 @@ Modules, one concept each:
 - ``server_env``: the cached venv each generation's server runs in (and the Debian ``redis-server`` it needs);
 - ``server_packages``: server flavours (``--with multimolecule``): the packages a flavour's server environment
   adds, and where its server processes import them;
-- ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack``);
+- ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack_clients``);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
 - ``memcg``: the stack's memory cgroup: where its memory is counted, optionally capped, and OOM kills show;
-- ``config``: the generations, ports, folders and the environment every server process gets;
+- ``generations``: one class per server generation (everything in which they differ), and ``PAIRINGS``: which
+  client environment runs against which generation and server build, declared once;
+- ``config``: a stack's folders, ports, settings and their checks (``StackConfig``);
 - ``adaptations_0_1_2``: the only code that runs *inside* the 0.1.2 server: the CPU model actor and the
   nnsight-0.8.1 compatibility shim, each named for the incompatibility it bridges;
 - ``adaptations_0_0_1``: the same for the 0.0.1 server: every backport that lets it serve nnsight 0.7.0;
 - ``deploy``: which panel models a stack serves, under which model keys, and the deploy file;
-- ``stack``: ``up`` / ``down`` / ``status``;
+- ``errors``: the stack's errors and its progress lines;
+- ``stack_state``: a stack folder's state file, the lock on ``up``/``down``, and the lease of a longer use;
+- ``health``: HTTP from inside the namespace, ``/status``, and ``status`` / ``healthy``;
+- ``services``: the stack's processes, their logs, and the waits on them;
+- ``memory_watch``: a stack that ran out of memory, named during every wait;
+- ``stack``: ``up`` / ``down`` / ``ensure_up`` and deploying models;
+- ``stack_clients``: running remote-client cases and Ray clients against a running stack;
 - ``remote_client``: what a remote test runs, in a client environment of the stack's line inside the namespace;
 - ``socket_race``: the one client-side transport fault a remote trace is sent again for, and the retry;
 - ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;

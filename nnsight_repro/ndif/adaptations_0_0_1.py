@@ -3,7 +3,7 @@
 ndif 0.0.1 is the only release of the 0.7-era server on PyPI, but it speaks the nnsight 0.5 protocol;
 this machine also has no GPU, no Hub and Python 3.11. Nothing here edits ndif's or nnsight's files. A
 generated ``sitecustomize.py`` (first on every server process's path, see
-:mod:`nnsight_repro.ndif.stack`) calls :func:`install`, which only registers import hooks: each
+:mod:`nnsight_repro.ndif.services`) calls :func:`install`, which only registers import hooks: each
 adaptation is applied to an ndif or nnsight module right after that module is imported, in whichever
 server process imports it (the API, its queue dispatcher, the controller, the model actors). The
 controller is this module itself, through ndif's own ``NDIF_CONTROLLER_IMPORT_PATH`` (:func:`app`).
@@ -141,6 +141,8 @@ DASHBOARD_POLL_EXTRA_S = 0.5
 
 @_after_import("ray._private.services")
 def patient_dashboard_start(module) -> None:
+    """[A14] Ray's ``start_api_server`` given a dashboard that is slower than its fixed polls (public: the
+    tests apply it to a fake Ray)."""
     original = module.start_api_server
 
     def start_api_server(*args, **kwargs):
@@ -241,23 +243,13 @@ def cpu_model_actor():
 
 
 def _define_cpu_model_actor():
-    import io
-    import threading as _threading
-
+    # Imported here, not at the top: only the Ray half of the server has this `src` (and Ray).
     import ray
-    import torch
-    import zstandard
     from nnsight.intervention import serialization
-    from nnsight.intervention.tracing.util import wrap_exception
-    from nnsight.modeling.mixins import RemoteableMixin
-    from nnsight.schema.request import RequestModel
 
     from src.ray.deployments.modeling.base import BaseModelDeployment
-    from src.ray.deployments.modeling.util import load_with_cache_deletion_retry
-    from src.ray.nn.ops import StdoutRedirect
     from src.ray.nn.security import protected_environment as sandbox
     from src.ray.nn.security.protected_objects import ProtectedCustomCloudUnpickler
-    from src.schema import BackendResponseModel, BackendResultModel
 
     # [A5] 0.0.1's protect_model() (called in every actor's __init__) replaces nnsight's unpickler with
     # one written against the 0.5 unpickler API ("'ProtectedCustomCloudUnpickler' object has no
@@ -267,6 +259,8 @@ def _define_cpu_model_actor():
     # deep copy, so no hook fires ("Execution complete but '...output.i0' was not provided").
     nnsight_unpickler = ProtectedCustomCloudUnpickler.__bases__[0]
 
+    # Each method that differs from ndif's is a function of this module (below), run in the actor's
+    # process: the class only binds them, so each adaptation reads on its own.
     @ray.remote(num_cpus=1, num_gpus=0, max_restarts=-1)
     class CPUModelActor(BaseModelDeployment):
         def __init__(self, *args, **kwargs):
@@ -276,19 +270,8 @@ def _define_cpu_model_actor():
             self.execution_protector = sandbox.Protector(
                 _whitelist(sandbox.WHITELISTED_MODULES, EXECUTION_ADDITIONS), builtins=True)
 
-        # [A9] The stock load calls torch.cuda.synchronize() before and after loading ("Torch not
-        # compiled with CUDA enabled"). Same load through the same nnsight call, without those.
         def load_from_disk(self):
-            from nnsight_repro.ndif import server_packages
-
-            server_packages.import_for_models()  # [A13]
-            started = time.time()
-            model = load_with_cache_deletion_retry(lambda: RemoteableMixin.from_model_key(
-                self.model_key, device_map="auto", dispatch=self.dispatch, torch_dtype=self.dtype,
-                **self.extra_kwargs))
-            self.logger.info(f"Loaded {self.model_key} on the CPU in {time.time() - started:.1f} s")
-            _record_built(self.model_key, model)
-            return model
+            return _load_on_the_cpu(self)
 
         # [A9] Parking a model (HOT -> WARM) moves weights between GPU and CPU with CUDA calls; on a CPU
         # there is nothing to move. The flag keeps ndif's meaning (a parked actor refuses requests).
@@ -299,57 +282,107 @@ def _define_cpu_model_actor():
         def from_cache(self, cuda_devices: str):
             self.cached = False
 
-        # [A2] 0.0.1 calls RequestModel.deserialize(model, bytes, zlib) (0.5: zlib); 0.7.0 takes
-        # (bytes, persistent_objects, compress) and compresses with zstd (TypeError: "a bytes-like
-        # object is required, not 'LanguageModel'"). 0.0.1 reads the old `nnsight-zlib` header, absent
-        # from 0.7.0 requests, and so defaults it to true, which is what a 0.7.0 client's default
-        # `nnsight-compress: True` means.
-        # [A3] its deserialization whitelist plus 0.7.0's modules.
-        # [A4] 0.0.1 deserializes under Protector(..., builtins=True), which removes `compile` from the
-        # real builtins; 0.7.0's make_function calls compile() ("name 'compile' is not defined"). The
-        # 0.6 port deserializes with builtins intact, as here.
         def pre(self):
-            raw = self.request.request
-            if isinstance(raw, ray.ObjectRef):
-                raw = ray.get(raw)
-            with sandbox.Protector(_whitelist(sandbox.WHITELISTED_MODULES_DESERIALIZATION,
-                                              DESERIALIZATION_ADDITIONS + _flavour_modules())):
-                request = RequestModel.deserialize(raw, self.model._remoteable_persistent_objects(),
-                                                   bool(self.request.zlib))
-            self.respond(status=BackendResponseModel.JobStatus.RUNNING, description="Your job has started running.")
-            return request
+            return _deserialized_request(self)
 
-        # [A6] 0.0.1's RemoteExecutionBackend calls Globals.enter()/Globals.stack, gone in 0.7.0
-        # ("type object 'Globals' has no attribute 'enter'"; the 0.6 port still calls them). 0.7.0's
-        # tracer runs the request and returns exactly the saved values itself.
         def execute(self, request):
-            self.execution_ident = _threading.current_thread().ident
-            started = time.time()
-            with StdoutRedirect(self.log):
-                with self.execution_protector:
-                    try:
-                        saves = request.tracer.execute(request.interventions)
-                    except Exception as exc:
-                        raise wrap_exception(exc, request.tracer.info) from None
-            return saves, 0, time.time() - started
+            return _execute(self, request)
 
-        # [A8] 0.0.1 uploads torch.save(BackendResultModel(id=..., **saves).model_dump()) as is; a 0.7.0
-        # client zstd-decompresses what it downloads ("zstd decompress error: Unknown frame descriptor")
-        # and would push ndif's `id` into the caller's variables. The saves alone, compressed, through
-        # ndif's own upload and presigned URL. (0.0.1's metrics, Influx-only, are left out.)
         def post(self, result):
-            saves = result[0]
-            buffer = io.BytesIO()
-            torch.save(dict(saves), buffer)
-            payload = buffer.getvalue()
-            if self.request.zlib:
-                payload = zstandard.ZstdCompressor(level=6).compress(payload)
-            stored = BackendResultModel(id=self.request.id)
-            stored._save(io.BytesIO(payload), "application/octet-stream")
-            self.respond(status=BackendResponseModel.JobStatus.COMPLETED, description="Your job has been completed.",
-                         data=(stored.url(), len(payload)))
+            _upload_saves(self, result)
 
     return CPUModelActor
+
+
+def _load_on_the_cpu(actor):
+    """[A9] The stock load calls torch.cuda.synchronize() before and after loading ("Torch not compiled
+    with CUDA enabled"). Same load through the same nnsight call, without those."""
+    from nnsight.modeling.mixins import RemoteableMixin
+
+    from nnsight_repro.ndif import server_packages
+    from src.ray.deployments.modeling.util import load_with_cache_deletion_retry
+
+    server_packages.import_for_models()  # [A13]
+    started = time.time()
+    model = load_with_cache_deletion_retry(lambda: RemoteableMixin.from_model_key(
+        actor.model_key, device_map="auto", dispatch=actor.dispatch, torch_dtype=actor.dtype,
+        **actor.extra_kwargs))
+    actor.logger.info(f"Loaded {actor.model_key} on the CPU in {time.time() - started:.1f} s")
+    _record_built(actor.model_key, model)
+    return model
+
+
+def _deserialized_request(actor):
+    """The actor's ``pre``: its request, deserialized as nnsight 0.7.0 sends it.
+
+    [A2] 0.0.1 calls RequestModel.deserialize(model, bytes, zlib) (0.5: zlib); 0.7.0 takes
+    (bytes, persistent_objects, compress) and compresses with zstd (TypeError: "a bytes-like
+    object is required, not 'LanguageModel'"). 0.0.1 reads the old `nnsight-zlib` header, absent
+    from 0.7.0 requests, and so defaults it to true, which is what a 0.7.0 client's default
+    `nnsight-compress: True` means.
+    [A3] its deserialization whitelist plus 0.7.0's modules.
+    [A4] 0.0.1 deserializes under Protector(..., builtins=True), which removes `compile` from the
+    real builtins; 0.7.0's make_function calls compile() ("name 'compile' is not defined"). The
+    0.6 port deserializes with builtins intact, as here.
+    """
+    import ray
+    from nnsight.schema.request import RequestModel
+
+    from src.ray.nn.security import protected_environment as sandbox
+    from src.schema import BackendResponseModel
+
+    raw = actor.request.request
+    if isinstance(raw, ray.ObjectRef):
+        raw = ray.get(raw)
+    with sandbox.Protector(_whitelist(sandbox.WHITELISTED_MODULES_DESERIALIZATION,
+                                      DESERIALIZATION_ADDITIONS + _flavour_modules())):
+        request = RequestModel.deserialize(raw, actor.model._remoteable_persistent_objects(),
+                                           bool(actor.request.zlib))
+    actor.respond(status=BackendResponseModel.JobStatus.RUNNING, description="Your job has started running.")
+    return request
+
+
+def _execute(actor, request):
+    """[A6] 0.0.1's RemoteExecutionBackend calls Globals.enter()/Globals.stack, gone in 0.7.0
+    ("type object 'Globals' has no attribute 'enter'"; the 0.6 port still calls them). 0.7.0's
+    tracer runs the request and returns exactly the saved values itself."""
+    from nnsight.intervention.tracing.util import wrap_exception
+
+    from src.ray.nn.ops import StdoutRedirect
+
+    actor.execution_ident = threading.current_thread().ident
+    started = time.time()
+    with StdoutRedirect(actor.log):
+        with actor.execution_protector:
+            try:
+                saves = request.tracer.execute(request.interventions)
+            except Exception as exc:
+                raise wrap_exception(exc, request.tracer.info) from None
+    return saves, 0, time.time() - started
+
+
+def _upload_saves(actor, result) -> None:
+    """[A8] 0.0.1 uploads torch.save(BackendResultModel(id=..., **saves).model_dump()) as is; a 0.7.0
+    client zstd-decompresses what it downloads ("zstd decompress error: Unknown frame descriptor")
+    and would push ndif's `id` into the caller's variables. The saves alone, compressed, through
+    ndif's own upload and presigned URL. (0.0.1's metrics, Influx-only, are left out.)"""
+    import io
+
+    import torch
+    import zstandard
+
+    from src.schema import BackendResponseModel, BackendResultModel
+
+    saves = result[0]
+    buffer = io.BytesIO()
+    torch.save(dict(saves), buffer)
+    payload = buffer.getvalue()
+    if actor.request.zlib:
+        payload = zstandard.ZstdCompressor(level=6).compress(payload)
+    stored = BackendResultModel(id=actor.request.id)
+    stored._save(io.BytesIO(payload), "application/octet-stream")
+    actor.respond(status=BackendResponseModel.JobStatus.COMPLETED, description="Your job has been completed.",
+                  data=(stored.url(), len(payload)))
 
 
 def app(**kwargs) -> None:

@@ -3,7 +3,7 @@
 Written inside the server, both generations (the CPU model actor of ``adaptations_0_0_1`` and of
 ``adaptations_0_1_2`` call :func:`record` once a model is loaded), to the file :data:`VARIABLE` names
 (``<stack>/logs/built.jsonl``, set by :mod:`nnsight_repro.ndif.config`); read on the host by
-:func:`nnsight_repro.ndif.stack.built_models`. Each record: the key, the wrapper, its automodel or task, the
+:func:`nnsight_repro.ndif.stack_clients.built_models`. Each record: the key, the wrapper, its automodel or task, the
 torch module's class, its dtype, and the server's nnsight (version and file).
 
 Stdlib only at import: every 0.0.1 server process imports the adaptations that import this.

@@ -1,5 +1,5 @@
 """``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]] [--with multimolecule]`` and
-``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack`. Without ``--line``, the 0.8
+``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack` and :mod:`health`. Without ``--line``, the 0.8
 stack; ``--with`` names a server flavour (:mod:`server_packages`), a stack of its own."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import argparse
 import json
 import sys
 
-from . import config, deploy, server_packages, stack
+from . import config, errors, health, server_packages, stack
+from .generations import GENERATIONS
 
 
 def _print_status(report: dict) -> None:
@@ -55,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     def stack_options(command):
-        command.add_argument("--line", default="0.8", choices=sorted(config.GENERATIONS),
+        command.add_argument("--line", default="0.8", choices=sorted(GENERATIONS),
                              help="the nnsight line the stack serves (default 0.8)")
         command.add_argument("--with", dest="extras", action="append", default=[], choices=sorted(server_packages.FLAVOURS),
                              help="a server flavour: its packages installed in the server environment and imported "
@@ -65,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
     u = stack_options(action("up", "start the stack, deploy the models, wait until they are HOT"))
     u.add_argument("--models", default=None,
                    help=f"comma-separated panel models to deploy at start, under the keys the stack's own client "
-                        f"mints (default: {','.join(deploy.SERVED)}; 0.7 stack: {','.join(deploy.SERVED_07)}, "
+                        f"mints (default: {','.join(GENERATIONS['0.8'].served)}; 0.7 stack: {','.join(GENERATIONS['0.7'].served)}, "
                         f"and any other key deploys on its first request; '' for none)")
     u.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                    help="cap the memory of every process of the stack at MIB (its memory cgroup); without it the "
@@ -99,8 +100,10 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.action == "up":
-            if args.line == "0.8" and args.server != "stock":
-                parser().error("--server patched is a flavour of the 0.7 stack (use --line 0.7)")
+            if args.server not in GENERATIONS[args.line].servers:
+                having = [g.line for g in GENERATIONS.values() if args.server in g.servers]
+                parser().error(f"--server {args.server} is a flavour of the {' and '.join(having)} stack "
+                               f"(use --line {having[0]})")
             cfg = config.default(line=args.line, server=args.server, extras=args.extras,
                                  memory_limit_mib=args.memory_limit)
             models = None if args.models is None else [m for m in args.models.split(",") if m]
@@ -111,13 +114,13 @@ def main(argv=None) -> int:
         elif args.action == "down":
             stack.down(config.default(line=args.line, extras=args.extras))
         else:
-            report = stack.status(config.default(line=args.line, extras=args.extras))
+            report = health.status(config.default(line=args.line, extras=args.extras))
             if args.json:
                 print(json.dumps(report, indent=1))
             else:
                 _print_status(report)
             return 0 if report["running"] and not report["problems"] else 1
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

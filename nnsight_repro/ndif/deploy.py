@@ -25,13 +25,9 @@ from typing import Dict, List
 
 from .. import ROOT, channel, envs
 
-#: The decoder control and the two masked LMs the remote tests need.
+#: The decoder control and the two masked LMs the remote tests need (what each generation deploys at
+#: ``up``: :attr:`.generations.Generation.served`).
 SERVED: List[str] = ["gpt2", "bert-mlm", "esm-mlm"]
-
-#: What the 0.7 stack deploys as it starts: the decoder control, whose key every 0.7 client sends alike.
-#: A masked LM's key differs between stock and patched clients (that is the negative control), so each
-#: deploys on its first request, under the key that client sent (ndif 0.0.1 deploys any key it is sent).
-SERVED_07: List[str] = ["gpt2"]
 
 class DeployError(Exception):
     """A model could not be deployed; the message names it and says why."""

@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from .. import ROOT, envs, provenance
-from . import config, netns, server_env, stack
+from . import config, errors, netns, server_env, stack, stack_clients, stack_state
 
-#: Tolerance of a trace against the local float32 run (why: config.BF16_ATOL).
-ATOL = config.generation("0.7").atol
+#: The generation the control runs on: the only one with two server builds.
+LINE = "0.7"
+GENERATION = config.generation(LINE)
+
+#: Tolerance of a trace against the local float32 run (why: generations.BF16_ATOL).
+ATOL = GENERATION.atol
 
 #: The models every pairing traces: GPT-2 (a decoder, which never takes the envoy path) is the control;
 #: BERT and ESM masked LMs have an ``output`` child in every layer.
@@ -33,11 +37,10 @@ MODELS = ("gpt2", "bert-mlm", "esm-mlm")
 #: Each model read (first layer and final hidden states) and written (a layer output zeroed, logits read).
 CASES = [f"{kind}:{model}:{ATOL}" for model in MODELS for kind in ("trace", "write")]
 
-#: server flavour -> client environment -> remote_client cases: the whole matrix, client {stock, patched}
-#: x server {stock, patched}. The pairing that matters most is the patched client against the stock
-#: server, because that is what the public NDIF runs.
+#: server flavour -> client environment -> remote_client cases: every pairing of the generation
+#: (:data:`generations.PAIRINGS`), the whole matrix client {stock, patched} x server {stock, patched}.
 PAIRINGS: Dict[str, Dict[str, List[str]]] = {
-    server: {client: CASES for client in ("main", "patched")} for server in ("stock", "patched")
+    server: {p.client: CASES for p in GENERATION.pairings if p.server == server} for server in GENERATION.servers
 }
 
 
@@ -50,21 +53,21 @@ def run_pairings(cfg: config.StackConfig, say: Callable[[str], None] = _say) -> 
     clients = {}
     for client, cases in PAIRINGS[cfg.server].items():
         say(f"{client} client against the {cfg.server} server: {', '.join(cases)}")
-        clients[client] = stack.run_client(cfg, cases, client=client)
-    return {"server": cfg.server, "clients": clients, "built": stack.built_models(cfg),
-            "server_nnsight": (stack.read_state(cfg) or {}).get("server_nnsight"),
+        clients[client] = stack_clients.run_client(cfg, cases, client=client)
+    return {"server": cfg.server, "clients": clients, "built": stack_clients.built_models(cfg),
+            "server_nnsight": (stack_state.read_state(cfg) or {}).get("server_nnsight"),
             "interfaces": netns.interfaces(cfg.netns)}
 
 
 def measure(server: str, say: Callable[[str], None] = _say) -> dict:
     """Bring up the 0.7 stack with ``server``, time cold start to a first GPT-2 trace, run the pairings, down."""
-    cfg = config.default(line="0.7", server=server)
+    cfg = config.default(line=LINE, server=server)
     if netns.exists(cfg.netns):
-        raise stack.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
+        raise errors.StackError(f"A 0.7 stack already runs in {cfg.netns}; the measurement needs a cold start "
                                f"(`nnsight-repro ndif down --line 0.7`).")
     try:
         # The first client is the stock one: GPT-2's key is the same for every 0.7 client.
-        state = stack.up_to_first_trace(cfg, "gpt2", "main", say=say)
+        state = stack_clients.up_to_first_trace(cfg, "gpt2", "main", say=say)
         result = run_pairings(cfg, say)
         timings = state["timings"]
         timings["cold_start_to_first_trace_s"] = timings.pop("first_trace_s")
@@ -82,10 +85,10 @@ def warm_overhead(cfg: config.StackConfig, say: Callable[[str], None] = _say) ->
     """The same GPT-2 trace, remote and local, in one stock-client process: medians and remote/local."""
     case = f"timing:gpt2:{WARM_REPEATS}"
     say(f"main client against the {cfg.server} server: {case}")
-    record = stack.run_client(cfg, [case], client="main")[case]
+    record = stack_clients.run_client(cfg, [case], client="main")[case]
     if not record.get("ok"):
         return record
-    medians = stack.timing_medians(record)
+    medians = stack_clients.timing_medians(record)
     return {"ok": True, "repeats": WARM_REPEATS, "remote_median_s": medians["remote_median_s"],
             "local_median_s": medians["local_median_s"], "remote_over_local": medians["ratio"]}
 
@@ -133,24 +136,23 @@ def main(argv=None) -> int:
     try:
         for server in PAIRINGS:
             results[server] = measure(server)
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
-    server = server_env.ensure(build=False, line="0.7")
+    server = server_env.ensure(build=False, line=LINE)
     server_packages = envs.reported_versions(server)
     report = {
         "provenance": provenance.record(
             " ".join(["python3 -m nnsight_repro ndif negative-control", *(argv or [])]),
-            versions={**{name: envs.reported_versions(envs.ensure(name, build=False)) for name in ("main", "patched")},
+            versions={**{name: envs.reported_versions(envs.ensure(name, build=False)) for name in GENERATION.clients},
                       server.name: server_packages},
             server={"kind": "local NDIF stack", "ndif": server_packages.get("ndif"), "env": server.name,
                     "env_digest": server.stamp["digest"],
                     "nnsight": {server: results[server]["server_nnsight"] for server in results},
-                    "note": "PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; "
-                            "not the server production ran for nnsight 0.7.0"},
+                    "note": GENERATION.note},
             details={"started": started}),
-        "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/config.py "
+        "tolerance": {"atol": ATOL, "why": "the server computes in bfloat16 (see nnsight_repro/ndif/generations.py "
                                           "BF16_ATOL)"},
         "summary": summary(results),
         "timings": {server: result["timings"] for server, result in results.items()},

@@ -24,7 +24,7 @@ process with torch, nnsight and multimolecule imported; the stack's memory after
 0.8 each model of a batch is deployed through ``ndif deploy``, one at a time, so a model the server cannot build
 is recorded with the server's reason and the next one still deploys; on 0.7 the server deploys a key on its
 first request, and a model it cannot build fails that request with the server's reason. A model that runs the
-stack out of memory (``--memory-limit`` caps it; :class:`stack.MemoryWatch`) is recorded with that cause and
+stack out of memory (``--memory-limit`` caps it; :class:`memory_watch.MemoryWatch`) is recorded with that cause and
 nothing more of its batch is deployed; a trace that failed while the kernel killed processes of the stack
 carries that on its reason's last line.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -46,36 +45,25 @@ from .. import models as panel_models
 # The errors a failing record is matched against and what each failure is live in the rule's module (preflight
 # predicts with the same rule); the report and the tests read them here as well.
 from ..outcomes import BUGS, HOOKED_OUTPUT, PROVISIONING, UNKNOWN_MODULE  # noqa: F401
-from . import config, deploy, memcg, netns, server_env, server_packages, stack
+from . import (config, deploy, errors, generations, memcg, memory_watch, netns, server_env, server_packages, stack,
+               stack_clients, stack_state)
 
 #: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
 FLAVOURS = tuple(name for name, f in server_packages.FLAVOURS.items() if "multimolecule" in f.imports)
 FLAVOUR = "multimolecule"
 
-#: (client environment, role) per line; the server is always the line's stock server with a multimolecule flavour.
-PAIRINGS: Dict[str, List[tuple]] = {
-    "0.8": [("upstream-0.8", "required")],
-    "0.7": [("patched", "required"), ("main", "negative control")],
+#: Per line, the pairings the panel runs (those of :data:`generations.PAIRINGS` with a ``panel_role``),
+#: required first: their rows lead each model's. The server is always the line's stock server with a
+#: multimolecule flavour.
+PAIRINGS: Dict[str, List[generations.Pairing]] = {
+    line: sorted((p for p in g.pairings if p.panel_role), key=lambda p: p.panel_role != "required")
+    for line, g in generations.GENERATIONS.items()
 }
 
 #: Tolerance of a remote value against the local float32 one, by line (the clients' ``atol``): the server
-#: generation's own (config.Generation.atol; why: config.BF16_ATOL).
-ATOL = {line: config.generation(line).atol for line in config.GENERATIONS}
-
-#: config.BF16_ATOL is five bfloat16 units in the last place at the tiny models' largest magnitudes
-#: (2-4: 5 x 2^-6). AntiBERTy's real weights give logits up to ~34, where one unit is 2^-2: the same five
-#: units there are 1.25 (its write's logits came back 0.169 from float32, measured). So on 0.7 a value
-#: is within tolerance when it is within five units at its own largest local magnitude, never less than
-#: 0.08; a rebuilt-as-another-class model still moves values by O(magnitude).
-BF16_UNITS = 5
-
-
-def tolerance(line: str, max_abs_local: Optional[float]) -> float:
-    """How far a remote value whose local float32 values reach ``max_abs_local`` may be from them."""
-    if line == "0.8" or not max_abs_local:
-        return ATOL[line]
-    # bfloat16 keeps 8 significant bits: one unit in the last place at magnitude m is 2^(floor(log2 m) - 7).
-    return max(ATOL[line], BF16_UNITS * 2.0 ** (math.floor(math.log2(max_abs_local)) - 7))
+#: generation's own (generations.Generation.atol; why: generations.BF16_ATOL). Each value is judged at its
+#: own magnitude (:meth:`generations.Generation.tolerance`).
+ATOL = {line: g.atol for line, g in generations.GENERATIONS.items()}
 
 #: Models per cold stack. Measured on this machine (2 cores, 24 GiB): see the report's ``batches``.
 BATCH = 4
@@ -110,7 +98,7 @@ def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict
     (``AutoModel``) keeps its modules at the root (``embeddings``, ``encoder``), a path the rebuilt model
     does not have, so its request fails to load on the first module it names, before any class is rebuilt
     (the key bug again). Every other pairing is ``ok``, except a model that cannot run in the dtype the
-    server loads it in (``PanelModel.fails_in_bfloat16``, ``config.Generation.dtype``) on a server ``flavour``
+    server loads it in (``PanelModel.fails_in_bfloat16``, ``generations.Generation.dtype``) on a server ``flavour``
     without its fix (``PanelModel.bfloat16_fix``): that fails on the server with the model's own error.
     """
     entry = panel_models.get(name)
@@ -161,13 +149,14 @@ def stack_memory(cfg: config.StackConfig) -> dict:
             actors.append(kib // 1024)
     available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemAvailable:")), 0)
-    group = stack.memory_group(cfg)
+    group = memory_watch.memory_group(cfg)
     return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
             "model_actor_rss_mib": sorted(actors), "cgroup": memcg.counters(group) if group else None}
 
 
-def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
+def model_rows(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
              deploy_failure: Optional[str], batch: int, flavour: str = FLAVOUR) -> List[dict]:
+    generation = config.generation(line)
     out = []
     for trace, kind in TRACES.items():
         case = f"{kind}:{name}:{ATOL[line]}"
@@ -183,9 +172,9 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
             points = {k: {f: v.get(f) for f in ("max_abs_diff", "dtype", "shape", "max_abs_local")}
                       for k, v in record.items() if isinstance(v, dict) and "max_abs_diff" in v}
             for point in points.values():
-                point["tolerance"] = tolerance(line, point["max_abs_local"])
+                point["tolerance"] = generation.tolerance(point["max_abs_local"])
             diffs = [v["max_abs_diff"] for v in points.values() if v["max_abs_diff"] is not None]
-            # The client's error is final; its values are judged here, each at its own magnitude (tolerance()).
+            # The client's error is final; its values are judged here, each at its own magnitude (Generation.tolerance).
             within = bool(points) and all(v["max_abs_diff"] is not None and v["max_abs_diff"] <= v["tolerance"]
                                           for v in points.values())
             row.update(ok="error" not in record and within, max_abs_diff=max(diffs) if diffs else None,
@@ -211,16 +200,67 @@ def _records(name: str, client: str, role: str, line: str, by_case: Dict[str, di
     return out
 
 
-def _name_out_of_memory(records: Dict[str, dict], watch: "stack.MemoryWatch") -> None:
+def name_out_of_memory(records: Dict[str, dict], watch: "memory_watch.MemoryWatch") -> None:
     """When the kernel killed processes of the stack for want of memory since ``watch`` was made, every record
     with an error carries that (``out_of_memory``): the client only saw its trace fail. (Kills only: one look
     after a whole client run cannot tell thrashing from a long, healthy run.)"""
     try:
         watch.check_kills()
-    except stack.OutOfMemory as exc:
+    except errors.OutOfMemory as exc:
         for record in records.values():
             if "error" in record:
                 record["out_of_memory"] = str(exc)
+
+
+def deploy_one_by_one(cfg: config.StackConfig, names: List[str], number: int,
+                      say: Callable[[str], None]) -> Dict[str, str]:
+    """Each of ``names`` deployed on the running stack in turn (a generation that deploys only what it was
+    given); ``{name: why}`` for each that did not deploy."""
+    env = server_env.ensure(build=False, line=cfg.line, extras=cfg.extras)
+    minted = stack.minted_keys(cfg, names)
+    failures: Dict[str, str] = {}
+    stalled = None
+    for name in names:
+        if stalled:
+            # The stack stopped taking models (a deployment timed out, or a service died): waiting out the
+            # deploy timeout once per model left would only repeat it. What deployed is still traced.
+            failures[name] = f"not deployed: {stalled}"
+            continue
+        say(f"batch {number}: deploying {name}")
+        try:
+            stack.deploy_models(cfg, env, {name: minted[name]})
+        except (deploy.DeployError, errors.StackError) as exc:
+            failures[name] = str(exc)
+            say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
+            if isinstance(exc, errors.StackError):
+                stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
+                           f"rerun the models left with a smaller --batch")
+    return failures
+
+
+def failed_cases(names: List[str], line: str, exc: Exception) -> Dict[str, dict]:
+    """Every case of ``names`` as failed with ``exc`` (a client, or the stack, that died)."""
+    return {case: {"ok": False, "error": "StackError", "message": str(exc)} for case in cases(names, line)}
+
+
+def trace_with_every_client(cfg: config.StackConfig, deployable: List[str], number: int,
+                            group: Optional[memcg.Cgroup], say: Callable[[str], None]) -> Dict[str, Dict[str, dict]]:
+    """``{client: {case: record}}``: each pairing's client tracing ``deployable`` on the running stack."""
+    by_client: Dict[str, Dict[str, dict]] = {}
+    for pairing in PAIRINGS[cfg.line]:
+        if not deployable:
+            break
+        client = pairing.client
+        say(f"batch {number}: {client} client: {', '.join(deployable)}")
+        watch = memory_watch.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
+        try:
+            by_client[client] = stack_clients.run_client(cfg, cases(deployable, cfg.line), client=client,
+                                                         timeout=1800)
+        except errors.StackError as exc:
+            # The client or the stack died: every case of this client is reported with it.
+            by_client[client] = failed_cases(deployable, cfg.line, exc)
+        name_out_of_memory(by_client[client], watch)
+    return by_client
 
 
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
@@ -235,10 +275,11 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
     probe script and the checks that break a stack on the same cold stack instead of bringing up more; one
     that brings the stack down itself may (``down`` is idempotent). The batch holds the stack folder's
-    lease (:func:`stack.lease`) from before it brings a leftover down until its own ``down``.
+    lease (:func:`stack_state.lease`) from before it brings a leftover down until its own ``down``.
     """
     cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
-    with stack.lease(cfg, say=say):
+    on_request = cfg.generation.deploys_on_request
+    with stack_state.lease(cfg, say=say):
         group = None
         if netns.exists(cfg.netns):
             say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
@@ -248,63 +289,34 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
         down_error = None
         started = time.monotonic()
         try:
-            state = stack.up(cfg, models=[] if line == "0.8" else None, say=say)
-            group = stack.memory_group(cfg)
-            deployable = list(names)
-            if line == "0.8":
-                env = server_env.ensure(build=False, line=line, extras=cfg.extras)
-                minted = stack.minted_keys(cfg, names)
-                stalled = None
-                for name in names:
-                    if stalled:
-                        # The stack stopped taking models (a deployment timed out, or a service died): waiting
-                        # out the deploy timeout once per model left would only repeat it. What deployed is
-                        # still traced.
-                        deploy_failures[name] = f"not deployed: {stalled}"
-                        continue
-                    say(f"batch {number}: deploying {name}")
-                    try:
-                        stack.deploy_models(cfg, env, {name: minted[name]})
-                    except (deploy.DeployError, stack.StackError) as exc:
-                        deploy_failures[name] = str(exc)
-                        say(f"batch {number}: {name} did not deploy: {str(exc).splitlines()[-1]}")
-                        if isinstance(exc, stack.StackError):
-                            stalled = (f"the stack stopped taking models at {name} ({str(exc).splitlines()[-1]}); "
-                                       f"rerun the models left with a smaller --batch")
-                deployable = [name for name in names if name not in deploy_failures]
-            for client, _role in PAIRINGS[line]:
-                if not deployable:
-                    break
-                say(f"batch {number}: {client} client: {', '.join(deployable)}")
-                watch = stack.MemoryWatch(group, f"while the {client} client traced {', '.join(deployable)}")
-                try:
-                    by_client[client] = stack.run_client(cfg, cases(deployable, line), client=client, timeout=1800)
-                except stack.StackError as exc:
-                    # The client or the stack died: every case of this client is reported with it.
-                    by_client[client] = {case: {"ok": False, "error": "StackError", "message": str(exc)}
-                                         for case in cases(deployable, line)}
-                _name_out_of_memory(by_client[client], watch)
+            # A generation that deploys on request starts with its usual models; the other, with none,
+            # then the batch's one by one, so a model that does not deploy is named with its cause.
+            state = stack.up(cfg, models=None if on_request else [], say=say)
+            group = memory_watch.memory_group(cfg)
+            if not on_request:
+                deploy_failures = deploy_one_by_one(cfg, names, number, say)
+            deployable = [name for name in names if name not in deploy_failures]
+            by_client = trace_with_every_client(cfg, deployable, number, group, say)
             memory = stack_memory(cfg)
-            built_records = stack.built_models(cfg)
+            built_records = stack_clients.built_models(cfg)
             timings = state.get("timings", {})
             also = while_up(cfg) if while_up else None
-        except stack.StackError as exc:
+        except errors.StackError as exc:
             # The stack did not come up (or died between clients): the batch's models all carry the reason.
             say(f"batch {number}: {exc}")
             memory, built_records, timings, also = {}, [], {}, None
-            for client, _role in PAIRINGS[line]:
-                by_client.setdefault(client, {case: {"ok": False, "error": "StackError", "message": str(exc)}
-                                              for case in cases(names, line)})
+            for pairing in PAIRINGS[line]:
+                by_client.setdefault(pairing.client, failed_cases(names, line, exc))
         finally:
             try:
                 stack.down(cfg, say=lambda m: None)
-            except (stack.StackError, netns.NetnsError) as exc:
+            except (errors.StackError, netns.NetnsError) as exc:
                 down_error = str(exc)
                 say(f"batch {number}: the stack did not come down: {exc}")
     built = {b["model_key"]: b["module_class"] for b in built_records}
-    rows = [row for name in names for client, role in PAIRINGS[line]
-            for row in _records(name, client, role, line, by_client.get(client, {}), built,
-                                deploy_failures.get(name), number, flavour)]
+    rows = [row for name in names for p in PAIRINGS[line]
+            for row in model_rows(name, p.client, p.panel_role, line, by_client.get(p.client, {}), built,
+                                  deploy_failures.get(name), number, flavour)]
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
             "stack_timings": timings, "built": built_records, "rows": rows,
             "netns_left_after_down": netns.exists(cfg.netns),
@@ -325,7 +337,7 @@ def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None]
 def markdown(report: dict) -> str:
     p = report["provenance"]
     d, server = p["details"], p["server"]
-    clients = [name for name, _ in PAIRINGS[report["line"]]]
+    clients = [pairing.client for pairing in PAIRINGS[report["line"]]]
     lines = [f"# The panel on a live NDIF server, nnsight {report['line']} line", "",
              f"`{p['command']}` on {p['host']}, {p['date']}; server {server['env']} "
              f"(ndif {server.get('ndif')}, nnsight {server.get('nnsight')}, multimolecule "
@@ -377,25 +389,22 @@ def summary(rows: List[dict]) -> dict:
 
 def report_for(line: str, result: dict, command: str, batch: int, started: str,
                memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
+    generation = config.generation(line)
     server = server_env.ensure(build=False, line=line, extras=(flavour,))
     fixes = {f.imports[0]: f.series for f in server_packages.flavours([flavour]) if f.series}
     packages = envs.reported_versions(server)
-    versions = {client: envs.reported_versions(envs.ensure(client, build=False)) for client, _ in PAIRINGS[line]}
+    versions = {p.client: envs.reported_versions(envs.ensure(p.client, build=False)) for p in PAIRINGS[line]}
     versions[server.name] = packages
     served = {"kind": "local NDIF stack", "line": line, "env": server.name, "env_digest": server.stamp["digest"],
               "flavour": [flavour], **({"series": fixes} if fixes else {}),
               **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
-              "note": ("PyPI ndif 0.0.1 plus the backports in nnsight_repro/ndif/adaptations_0_0_1.py; not the "
-                       "server production ran for nnsight 0.7.0") if line == "0.7" else "PyPI ndif 0.1.2"}
+              "note": generation.note}
     details = {
         "started": started,
         "memory_limit_mib": memory_limit_mib,
         "memory_note": (f"{batch} models per cold stack, each batch's stack down before the next comes up; the "
                         f"stack's resident memory after each batch's traces is in `batches`"),
-        "tolerance": ("0, bit-identical: the server computes in float32" if line == "0.8" else
-                      f"the server computes in bfloat16: {BF16_UNITS} bfloat16 units at each value's largest local "
-                      f"magnitude, at least {ATOL[line]} (nnsight_repro/ndif/panel.py tolerance(), "
-                      f"config.BF16_ATOL)"),
+        "tolerance": generation.tolerance_note(),
     }
     return {"line": line, "provenance": provenance.record(command, versions=versions, server=served, details=details),
             "batch_size": batch,
@@ -460,7 +469,7 @@ def main(argv=None) -> int:
             print(f"{line}: {s['records']} records, {s['as_expected']} as expected; required ok "
                   f"{s['required_ok']}/{s['required']}; negative control as predicted "
                   f"{s['negative_as_predicted']}/{s['negative']} -> {out}")
-    except stack.USER_ERRORS as exc:
+    except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -6,7 +6,7 @@ the standard library and :mod:`nnsight_repro.channel`) inside the stack's namesp
                                    -> COUNT records {"ok": bool, "seconds": float, "error": str}
 
 Every connect makes Ray's client server start a server of its own for that client; why some of those
-died at start, and what the stack does about it: ``config.RAY_ENV``.
+died at start, and what the stack does about it: ``generations.RAY_ENV``.
 """
 
 import sys

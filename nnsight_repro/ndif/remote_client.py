@@ -12,7 +12,7 @@ network namespace, with ``NDIF_HOST`` pointing at the API (nnsight reads it at i
   failure record; a case that raises never stops the others. A record lists, under
   ``socket_race_retries``, every remote call sent again after the client-side socket race
   (:mod:`.socket_race`); nothing else is ever retried. A ``first:`` case sends ``{"ready": case}``
-  before it (see ``stack.start_client``).
+  before it (see ``stack_clients.start_client``).
 
 Cases:
 
@@ -228,7 +228,7 @@ def case_first(name: str, timeout: float = 600.0) -> dict:
 
     s = subject(name)
     key = s.model.to_model_key()
-    # Imports done, model wrapped: what stack.start_client(ready=True) waits for.
+    # Imports done, model wrapped: what stack_clients.start_client(ready=True) waits for.
     channel.send({"ready": f"first:{name}"})
     deadline = time.time() + timeout
     polls = 0

@@ -20,7 +20,7 @@ in this order:
 The 0.7 server is built by the same steps: ``pins/ndif-server-0.7.txt``, ``ndif==0.0.1`` (same flags, same
 reasons, its wheel hash-pinned), and stock nnsight 0.7.0 from the sdist the ``main`` client is built
 from. The patched server flavour installs nothing more: the stack puts the ``patched`` environment's own
-nnsight build first on the server's path (:mod:`nnsight_repro.ndif.stack`), so it runs exactly that build.
+nnsight build first on the server's path (:mod:`nnsight_repro.ndif.services`), so it runs exactly that build.
 Regenerating its pins: as below, with ``ndif==0.0.1``'s declared and undeclared dependencies (see the pins
 file's header) and ``line-0.7.txt`` (less its socket.io pins, which ndif 0.0.1 fixes lower) as constraints.
 
@@ -46,6 +46,7 @@ from typing import Dict
 
 from .. import envs, fsutil, series
 from . import server_packages
+from .generations import GENERATIONS
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def ensure(build: bool = True, line: str = "0.8", extras: tuple = ()) -> envs.En
     missing, half-built or built from other inputs."""
     spec = server_spec(line)
     name = env_name(line, extras)
-    how = ("python3 -m nnsight_repro ndif up" + ("" if line == "0.8" else f" --line {line}")
+    how = ("python3 -m nnsight_repro ndif up" + GENERATIONS[line].line_option
            + "".join(f" --with {f.name}" for f in server_packages.flavours(extras)))
     return envs.cached(name, path(line, extras), lambda: inputs(line, extras),
                        lambda where, wanted, digest: _build(spec, name, extras, where, wanted, digest),

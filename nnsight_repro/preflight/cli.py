@@ -13,7 +13,7 @@ import os
 import sys
 from typing import List
 
-from ..ndif import config as ndif_config
+from ..ndif import generations as ndif_generations
 from . import assess, checkpoint, server
 
 EXIT_OK, EXIT_HOST, EXIT_INPUT = 0, 1, 2
@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--automodel", default=None, metavar="NAME",
                         help="the transformers Auto class you wrap MODEL with (default: the one that builds "
                              "config.architectures[0], else AutoModel)")
-    parser.add_argument("--dtype", default=ndif_config.NDIF_DEFAULT_DTYPE, choices=["bfloat16", "float32"],
-                        help=f"the dtype the server loads models in (default {ndif_config.NDIF_DEFAULT_DTYPE}, "
+    parser.add_argument("--dtype", default=ndif_generations.NDIF_DEFAULT_DTYPE, choices=["bfloat16", "float32"],
+                        help=f"the dtype the server loads models in (default {ndif_generations.NDIF_DEFAULT_DTYPE}, "
                              f"NDIF's; the project's 0.8 stack loads float32)")
     return parser
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(model: str, host_url: str | None = None, automodel: str | None = None,
-        dtype: str = ndif_config.NDIF_DEFAULT_DTYPE) -> dict:
+        dtype: str = ndif_generations.NDIF_DEFAULT_DTYPE) -> dict:
     """The report for ``model``; raises :class:`checkpoint.InputError` or :class:`server.HostError`."""
     found = checkpoint.resolve(model)
     host = server.read(host_url) if host_url else None

@@ -3,7 +3,7 @@ packages, nnsight among them), read once over HTTP.
 
 The shapes are ndif's own (``ndif/services/api/app.py``; nnsight's ``ndif.status`` and ``get_remote_env``
 read the same): ``/status`` is ``{"deployments": {name: {"model_key", "deployment_level",
-"application_state", ...}}}`` (parsed by :func:`nnsight_repro.ndif.stack.deployment_levels`, as the local
+"application_state", ...}}}`` (parsed by :func:`nnsight_repro.ndif.health.deployment_levels`, as the local
 stacks are), ``/env`` is ``{"python_version", "packages": {import name: version}}``. ndif 0.0.1, which serves
 nnsight 0.7 clients, predates ``/env`` and answers it 404: then the host is of the 0.7 line and its packages
 are unknown.
@@ -19,7 +19,7 @@ from typing import Optional
 
 from ..lines import line_of
 from ..ndif.probe import get
-from ..ndif.stack import deployment_levels
+from ..ndif.health import deployment_levels
 
 #: The line of a host without ``/env``: ndif 0.0.1, which serves nnsight 0.7.0 clients.
 LINE_WITHOUT_ENV = "0.7"

@@ -11,43 +11,22 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
 from nnsight_repro import lines, models
+from nnsight_repro.ndif.generations import PAIRINGS, Pairing
 
 
-@dataclass(frozen=True)
-class ClientLine:
-    #: The client's environment (its nnsight).
-    env: str
-    #: The local stack generation that serves it (by the nnsight line it speaks), and the nnsight its
-    #: server runs: ``stock`` (the release) or ``patched`` (the project's build of the series).
-    stack: str
-    server: str
-    #: What the pairing shows, for the results.
-    shows: str
-
-
-CLIENT_LINES: Dict[str, ClientLine] = {
-    "main": ClientLine("main", "0.7", "stock", "nnsight 0.7.0 as released on both sides (what NDIF users run)"),
-    "patched": ClientLine("patched", "0.7", "patched", "the series on both sides"),
-    # What a researcher gets today: the fixed client against the stock server the public NDIF runs
-    # (the series keeps the synthesized class loadable there: it travels by value).
-    "patched-client-only": ClientLine("patched", "0.7", "stock",
-                                      "the series on the client only, against a stock nnsight 0.7.0 server"),
-    "upstream-0.8": ClientLine("upstream-0.8", "0.8", "stock", "nnsight 0.8.1 against ndif 0.1.2"),
-}
+#: The client lines: the pairings the probe script runs (:data:`nnsight_repro.ndif.generations.PAIRINGS`),
+#: by name.
+CLIENT_LINES: Dict[str, Pairing] = {p.name: p for p in PAIRINGS if p.probed}
 
 
 def server_generation(client_line: str) -> str:
-    from nnsight_repro.ndif import config
-
     line = CLIENT_LINES[client_line]
-    generation = config.generation(line.stack)
     nnsight = {"stock": "its stock nnsight", "patched": "the project's patched nnsight"}[line.server]
-    return f"local ndif {generation.ndif} ({line.stack}-line stack) with {nnsight}"
+    return f"local ndif {line.generation.ndif} ({line.line}-line stack) with {nnsight}"
 
 
 KINDS = {

@@ -15,7 +15,8 @@ probe; every observation is compared with the probe's expectation for that line,
 and one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
 it. Exit 0 only when every observation matched.
 
-Client lines (:data:`.declarations.CLIENT_LINES`, default: all) are pairings of a client and the local
+Client lines (:data:`.declarations.CLIENT_LINES`, default: all; the probed pairings of
+:data:`nnsight_repro.ndif.generations.PAIRINGS`) are pairings of a client and the local
 server that serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
 ``patched-client-only`` (the series on the client, a stock 0.7.0 server: what a researcher gets against
 today's NDIF) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
@@ -81,8 +82,8 @@ class Host:
 
     def command(self, env: envs.Env, argv: List[str]) -> List[str]:
         if self.local_cfg is not None:
-            from nnsight_repro.ndif import stack
-            return stack.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
+            from nnsight_repro.ndif import stack_clients
+            return stack_clients.client_command(self.local_cfg, env, argv)  # inside the stack's namespace
         return [str(env.python), *argv]
 
     def environ(self, env: envs.Env) -> dict:
@@ -94,8 +95,8 @@ class Host:
     def reachable(self) -> Optional[str]:
         """None when the API answers ``/ping``; else why not."""
         if self.local_cfg is not None:
-            from nnsight_repro.ndif import stack
-            answer = stack.http_get(self.local_cfg, "/ping")
+            from nnsight_repro.ndif import health
+            answer = health.http_get(self.local_cfg, "/ping")
             return None if answer.get("status") == 200 else answer.get("error") or f"HTTP {answer.get('status')}"
         try:
             with urllib.request.urlopen(self.url + "/ping", timeout=10) as response:
@@ -111,7 +112,7 @@ class LocalStacks:
 
     One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
     server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
-    stack comes up once. Each stack's folder is this run's lease (``stack.lease``) from its first use to
+    stack comes up once. Each stack's folder is this run's lease (``stack_state.lease``) from its first use to
     :meth:`down`; run by a lane job, the script is covered by the job's own.
     """
 
@@ -121,15 +122,15 @@ class LocalStacks:
         self.refused = {}  # stack folder -> the StackError its lease timed out with: not waited out twice
 
     def host(self, client_line: str) -> Host:
-        from nnsight_repro.ndif import config, stack
+        from nnsight_repro.ndif import config, errors, stack, stack_state
 
         line = CLIENT_LINES[client_line]
-        cfg = config.default(line=line.stack, server=line.server, extras=self.extras)
+        cfg = config.default(line=line.line, server=line.server, extras=self.extras)
         if cfg.folder in self.refused:
             raise self.refused[cfg.folder]
         try:
-            self.leases.enter_context(stack.lease(cfg, say=self.say))
-        except stack.StackError as exc:
+            self.leases.enter_context(stack_state.lease(cfg, say=self.say))
+        except errors.StackError as exc:
             self.refused[cfg.folder] = exc
             raise
         if stack.ensure_up(cfg, say=self.say):
@@ -149,9 +150,9 @@ class LocalStacks:
 def local_server(host: Host) -> Optional[dict]:
     if host.local_cfg is None:
         return None
-    from nnsight_repro.ndif import stack
+    from nnsight_repro.ndif import stack_state
 
-    state = stack.read_state(host.local_cfg) or {}
+    state = stack_state.read_state(host.local_cfg) or {}
     return {"ndif": state.get("ndif"), "line": state.get("line"), "server": state.get("server"),
             "nnsight": state.get("server_nnsight"), "netns": state.get("netns")}
 
@@ -160,8 +161,8 @@ def serving_order(chosen: List[str]) -> List[str]:
     """Client lines grouped by the stack that serves them, so each local stack comes up once."""
     first_seen = {}
     for name in chosen:
-        first_seen.setdefault((CLIENT_LINES[name].stack, CLIENT_LINES[name].server), len(first_seen))
-    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].stack, CLIENT_LINES[n].server)])
+        first_seen.setdefault((CLIENT_LINES[name].line, CLIENT_LINES[name].server), len(first_seen))
+    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].line, CLIENT_LINES[n].server)])
 
 
 # Running ---------------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
     ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe (a
     client silent before its first probe costs them all, as ``ClientDied``).
     """
-    env = envs.ensure(CLIENT_LINES[client_line].env)
+    env = envs.ensure(CLIENT_LINES[client_line].client)
     observed: Dict[str, dict] = {}
     context: dict = {}
     trail: Dict[str, List[str]] = {}
@@ -299,6 +300,30 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def host_for(client_line: str, given: Optional[Host], local: LocalStacks):
+    """``(host, why)``: where ``client_line``'s probes go, and why none can (None: they can)."""
+    try:
+        host = given or local.host(client_line)
+    except Exception as exc:  # the local stack did not come up: that is every probe's outcome
+        return (Host("(local NDIF stack)", None),
+                f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}")
+    why = host.reachable()
+    return host, why and f"NDIF host {host.url} is unreachable: {why}"
+
+
+def line_record(client_line: str, probes: List[dict], extras: tuple, observed: dict, context: dict) -> dict:
+    """One client line's record: each probe's expectation beside what was observed (its keys in the order
+    the records have always had; the caller adds ``seconds`` and ``provenance``)."""
+    rows = []
+    for probe in probes:
+        expected = expectation(probe, client_line, extras)
+        rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
+                     "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
+    return {"client_line": client_line, "server_flavours": list(extras),
+            "all_matched": all(r["matched"] for r in rows), "probes": rows, "seconds": None,
+            "context": {"pairing": CLIENT_LINES[client_line].shows, **context}, "provenance": None}
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
 
@@ -337,47 +362,31 @@ def main(argv=None) -> int:
     try:
         for client_line in serving_order(chosen):
             started = time.perf_counter()
-            try:
-                host = given or local.host(client_line)
-            except Exception as exc:  # the local stack did not come up: that is every probe's outcome
-                host = Host("(local NDIF stack)", None)
-                why = f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}"
-            else:
-                why = host.reachable()
-                why = why and f"NDIF host {host.url} is unreachable: {why}"
+            host, why = host_for(client_line, given, local)
             say(f"client line {client_line} ({CLIENT_LINES[client_line].shows}) -> {host.url} ({host.kind})")
             if why:
                 say(why)
                 observed, context = unreachable(probes, why), {}
             else:
                 observed, context = run_line(client_line, probes, host, say)
-            rows = []
-            for probe in probes:
-                expected = expectation(probe, client_line, extras)
-                rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
-                             "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
-            all_matched = all(r["matched"] for r in rows)
-            record = {
-                "client_line": client_line, "server_flavours": list(extras), "all_matched": all_matched,
-                "probes": rows,
-                "seconds": round(time.perf_counter() - started, 3),
-                "context": {"pairing": CLIENT_LINES[client_line].shows, **context},
-                "provenance": provenance.record(
-                    command,
-                    versions={"client": context.get("client") or {},
-                              "server": (context.get("server_env") or {}).get("packages")
-                              or (local_server(host) or {}).get("nnsight") or {}},
-                    server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
-                            "generation": server_generation(client_line) if not given else "as the host reports",
-                            "flavours": list(extras),
-                            # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
-                            "local": local_server(host)},
-                    details={"probe_file": str(args.probes), "probe_option": args.probe}),
-            }
+            record = line_record(client_line, probes, extras, observed, context)
+            record["seconds"] = round(time.perf_counter() - started, 3)
+            record["provenance"] = provenance.record(
+                command,
+                versions={"client": context.get("client") or {},
+                          "server": (context.get("server_env") or {}).get("packages")
+                          or (local_server(host) or {}).get("nnsight") or {}},
+                server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
+                        "generation": server_generation(client_line) if not given else "as the host reports",
+                        "flavours": list(extras),
+                        # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
+                        "local": local_server(host)},
+                details={"probe_file": str(args.probes), "probe_option": args.probe})
             target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
             fsutil.write_text(target.with_suffix(".md"), markdown(record))
-            print(table(rows), flush=True)
+            print(table(record["probes"]), flush=True)
+            all_matched = record["all_matched"]
             say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
             if not all_matched:
                 exit_code = EXIT_MISMATCH
