@@ -19,13 +19,15 @@ TOOL_ENVS = ["tools"]
 
 
 def setup(with_servers: bool = True) -> dict:
-    """Every environment the suite uses, missing ones built: the test environments, tools, the NDIF servers'."""
+    """Every environment the suite uses, missing ones built: the test environments, tools, and the server
+    environment of each generation's stack (with the packages the suite's stacks install)."""
     jobs = {name: (lambda n=name: envs.ensure(n)) for name in [*TEST_ENVS, *TOOL_ENVS]}
     if with_servers:
-        from .ndif import server_env
+        from .ndif import server_env, server_packages
 
         for line in server_env.SERVERS:
-            jobs[server_env.server_spec(line).name] = lambda line=line: server_env.ensure(line=line)
+            name = server_env.env_name(line, server_packages.SUITE)
+            jobs[name] = lambda line=line: server_env.ensure(line=line, extras=server_packages.SUITE)
     return envs.build_all(jobs)
 
 

@@ -16,9 +16,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest
 
-# The local NDIF stack, shared by every remote test, and the local verify, shared by every test of
-# the check routine's records (tests/ndif_fixture.py, tests/verify_fixture.py).
-pytest_plugins = ["nnsight_env", "ndif_fixture", "verify_fixture"]
+# The local NDIF stacks, shared by every remote test, the lane that runs the 0.7 one beside the other tests,
+# and the local verify, shared by every test of the check routine's records (tests/ndif_fixture.py,
+# tests/stack_lane.py, tests/verify_fixture.py).
+pytest_plugins = ["nnsight_env", "ndif_fixture", "stack_lane", "verify_fixture"]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Fake jobs for tests/test_stack_lane.py: ``python tests/stack_lane.py PARENT SCRATCH stack_lane_cases:JOBS JOB...``.
+"""Fake jobs for tests/test_stack_lane.py: ``python -m nnsight_repro.lane PARENT SCRATCH stack_lane_cases:JOBS JOB...``.
 
 Each does in a moment what a live-stack job may do in minutes: return a record, fail, read the
 environment, run until it is interrupted (its ``finally`` standing for bringing a stack down), or die.

@@ -1,6 +1,6 @@
 """A stack that runs out of memory: its memory cgroup, the watch that names the cause, and one live stack made
 to run out (issue 16's bad input: reported as memory, and the stack comes down cleanly): the session's 0.8
-multimolecule stack, last thing before it comes down (fixture ``ndif08_multimolecule``).
+multimolecule stack, last thing before it comes down (fixture ``ndif08_out_of_memory``).
 
 The cgroup tests use real cgroups and tiny processes (root, as every stack test); the watch is fed counters.
 """
@@ -161,11 +161,10 @@ def test_up_refuses_a_memory_limit_that_is_not_a_positive_number_of_mib_before_s
 
 
 def test_a_model_that_runs_the_stack_out_of_memory_is_reported_as_memory_and_the_stack_comes_down_cleanly(
-        ndif08_multimolecule):
-    # Done last on the session's 0.8 multimolecule stack (tests/ndif_fixture.py run_out_of_memory): what it is
-    # made to do breaks that stack, so nothing else runs on it after.
-    found = (ndif08_multimolecule["while_up"] or {}).get("out_of_memory")
-    assert found, f"the stack never got that far: {ndif08_multimolecule['rows'][0]}"
+        ndif08_out_of_memory):
+    # Done last on the session's 0.8 stack (tests/ndif_fixture.py run_out_of_memory): what it is made to do
+    # breaks that stack, so nothing else runs on it after.
+    found = ndif08_out_of_memory
     assert "no_cgroup" not in found, f"the stack came up without a memory cgroup: {found}"
     message = found.get("message", "")
     assert found["raised"] == "OutOfMemory", found

@@ -1,12 +1,12 @@
 """``scripts/ndif_feasibility/probe_ndif.py`` end to end against the local NDIF stacks, and how it refuses bad input.
 
-The script runs as a user runs it (a subprocess, no ``NDIF_HOST``), so it finds the session's local
-stacks and sends the probes through real clients inside their namespaces: the 0.8 line against the
-0.8 stack (fixture ``ndif_stack``), the three 0.7 client lines against the 0.7 stack with a stock
-and with a patched server (fixtures ``ndif07_stock`` / ``ndif07_patched``, which run the script while
-their stack is up), and, with ``--with multimolecule``, the stock 0.7 server's client lines and 0.8's
-against each line's multimolecule stack (fixtures ``ndif07_multimolecule`` / ``ndif08_multimolecule``,
-which run it on their panel batch's stack). Bad input must give a clear message, a recorded outcome and a non-zero exit.
+The script runs as a user runs it (a subprocess, no ``NDIF_HOST``, ``--with multimolecule``), so it finds the
+session's local stacks, one per generation, both with multimolecule, and sends every probe through real
+clients inside their namespaces: the 0.8 line against the 0.8 stack (fixture ``ndif_stack``), the stock 0.7
+server's two client lines against the 0.7 stack (fixture ``ndif07_stock``, which runs the script while its
+stack is up). The patched 0.7 server's line and servers without multimolecule are the committed records in
+results/ndif_feasibility (``probe_ndif.py`` against a stack of that flavour). Bad input must give a clear
+message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.
@@ -28,17 +28,24 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
 PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 
-CONTROL = '''
+
+def gpt2_probe(probe_id: str, isolates: str, hook: str = "model.transformer.h[0].output",
+               repo: str = 'repo_id = "openai-community/gpt2", revision = "main"') -> str:
+    """A probe of the tiny GPT-2 (the same hook on both lines) that every client line expects to run."""
+    return f'''
 [[probe]]
-id = "control"
-isolates = "A decoder saves a hidden state: the run goes on after a failing probe."
+id = "{probe_id}"
+isolates = "{isolates}"
 kind = "trace"
-model = { panel = "gpt2", repo_id = "openai-community/gpt2", revision = "main" }
-select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
+model = {{ panel = "gpt2", {repo} }}
+select = {{ "0.7" = {{ automodel = "AutoModelForCausalLM" }}, "0.8" = {{ task = "text-generation" }} }}
 input = "the big cat sat"
-hook = { "0.7" = "model.transformer.h[0].output", "0.8" = "model.transformer.h[0].output" }
-expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
+hook = {{ "0.7" = "{hook}", "0.8" = "{hook}" }}
+expect = {{ main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }}
 '''
+
+
+CONTROL = gpt2_probe("control", "A decoder saves a hidden state: the run goes on after a failing probe.")
 
 
 def run_script(*args, out: Path, env_extra=None):
@@ -69,14 +76,18 @@ def closed_port() -> int:
 @pytest.fixture(scope="module")
 def probe_run(ndif_stack, tmp_path_factory):
     out = tmp_path_factory.mktemp("probe_run")
-    result = run_script("--line", "upstream-0.8", out=out)
+    result = run_script("--with", "multimolecule", "--line", "upstream-0.8", out=out)
     return result, out
+
+
+#: How the 0.8 run's records are named: client line, then the server's flavours.
+PREFIX_08 = "upstream-0.8+multimolecule-"
 
 
 def test_every_probe_observation_matches_its_declaration_against_local_ndif(probe_run):
     result, out = probe_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (record,) = records(out, "upstream-0.8-")
+    (record,) = records(out, PREFIX_08)
     assert len(record["probes"]) == 8
     mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
     assert not mismatched
@@ -87,7 +98,7 @@ def test_results_carry_each_declaration_verbatim_and_the_run_context(probe_run):
     import tomllib
 
     _, out = probe_run
-    (record,) = records(out, "upstream-0.8-")
+    (record,) = records(out, PREFIX_08)
     declared = tomllib.loads(PROBES.read_text())["probe"]
     assert [p["declaration"] for p in record["probes"]] == declared
     context, made = record["context"], record["provenance"]
@@ -99,12 +110,12 @@ def test_results_carry_each_declaration_verbatim_and_the_run_context(probe_run):
     for field in ("host", "date"):
         assert made[field]
     assert made["server"]["kind"] == "local NDIF stack" and "ndif 0.1.2" in made["server"]["generation"]
-    assert (out / (sorted(out.glob("upstream-0.8-*.json"))[0].stem + ".md")).is_file()
+    assert (out / (sorted(out.glob(f"{PREFIX_08}*.json"))[0].stem + ".md")).is_file()
 
 
 def test_remote_traces_report_their_server_statuses_live(probe_run):
     result, out = probe_run
-    (record,) = records(out, "upstream-0.8-")
+    (record,) = records(out, PREFIX_08)
     for probe in record["probes"]:
         if probe["declaration"]["kind"] == "trace" and probe["observed"]["status"] == "ok":
             assert probe["observed"]["statuses"][0] == "RECEIVED"
@@ -115,42 +126,29 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
 # The multimolecule flavour: the RNA probes observe a remote trace ------------------------------------
 
 MULTIMOLECULE_PROBES = ("rnabert-masked-lm", "splicebert-masked-lm")
-#: What a multimolecule stack's probe run sends (declarations.depends_on_flavours), in the file's order: the
-#: RNA probes, and the env probe, which compares multimolecule too.
+#: The probes a flavour changes (declarations.depends_on_flavours), in the file's order: the RNA probes, and
+#: the env probe, which compares multimolecule too.
 FLAVOUR_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
-#: The client lines run against each line's multimolecule stack: the stock 0.7 server's two and 0.8's
-#: (the patched 0.7 server would be a third cold stack; its plain pairing is tested below).
+#: The client lines the session's stacks serve: the stock 0.7 server's two and 0.8's.
 FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
 
 
 @pytest.fixture(scope="module")
-def flavoured_probe_run(ndif07_multimolecule, ndif08_multimolecule):
-    """The real probes whose outcome the flavour changes, with ``--with multimolecule``, run by the session's
-    multimolecule stacks while they are up (tests/ndif_fixture.py ``probe_script``): the script finds each
-    healthy stack of its flavour and uses it as it is. Their two runs, and the records by client line."""
-    runs = [(batch["while_up"] or {}).get("probes") for batch in (ndif07_multimolecule, ndif08_multimolecule)]
-    assert all(runs), [batch["rows"][0] for batch in (ndif07_multimolecule, ndif08_multimolecule)]
-    by_line = {line: found for run in runs for line, found in run["records"].items()}
-    return runs, by_line
+def by_line(ndif07_stock, probe_run):
+    """Every client line's records of the real probes with ``--with multimolecule``: the 0.7 lines' from the
+    run the 0.7 stack's lane job made while it was up (tests/ndif_fixture.py ``probe_script``), 0.8's from
+    :func:`probe_run`."""
+    return {**ndif07_stock["probes"]["records"], "upstream-0.8": records(probe_run[1], PREFIX_08)}
 
 
-def test_the_probe_runs_on_the_multimolecule_flavour_cover_its_client_lines_and_exit_zero(flavoured_probe_run):
-    runs, by_line = flavoured_probe_run
+def test_the_probe_runs_cover_every_client_line_the_stacks_serve_and_exit_zero(by_line, ndif07_stock):
     assert sorted(by_line) == sorted(FLAVOURED_LINES)
-    for run in runs:
-        assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
-        assert run["stack_still_up"], run["stdout"][-3000:]
+    assert all(len(found) == 1 for found in by_line.values()), {line: len(found) for line, found in by_line.items()}
+    run = ndif07_stock["probes"]
+    assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
 
 
-def test_a_flavoured_stack_runs_only_the_probes_whose_outcome_its_flavour_changes(flavoured_probe_run):
-    _, by_line = flavoured_probe_run
-    for line, (record,) in by_line.items():
-        assert [p["id"] for p in record["probes"]] == list(FLAVOUR_CHANGES), line
-        assert record["provenance"]["details"]["probe_option"] == ",".join(FLAVOUR_CHANGES), line
-
-
-def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(flavoured_probe_run):
-    _, by_line = flavoured_probe_run
+def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(by_line):
     for line, found in by_line.items():
         (record,) = found
         assert record["server_flavours"] == ["multimolecule"], line
@@ -158,8 +156,7 @@ def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(fl
         assert not mismatched, line
 
 
-def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(flavoured_probe_run):
-    _, by_line = flavoured_probe_run
+def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(by_line):
     for line in ("patched-client-only", "upstream-0.8"):
         (record,) = by_line[line]
         observed = {p["id"]: p["observed"] for p in record["probes"]}
@@ -168,8 +165,7 @@ def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(
             assert observed[probe_id]["statuses"][-1] == "COMPLETED", (line, observed[probe_id])
 
 
-def test_the_stock_client_still_fails_to_provision_rna_models_on_the_multimolecule_flavour(flavoured_probe_run):
-    _, by_line = flavoured_probe_run
+def test_the_stock_client_still_fails_to_provision_rna_models_on_the_multimolecule_flavour(by_line):
     (record,) = by_line["main"]
     observed = {p["id"]: p["observed"] for p in record["probes"]}
     for probe_id in MULTIMOLECULE_PROBES:
@@ -212,30 +208,15 @@ def test_a_flavour_without_an_entry_of_its_own_expects_what_the_package_it_insta
 def failing_run(ndif_stack, tmp_path_factory):
     """One run of three probes: an unprovisionable model, an exception mid-trace, then a control."""
     tmp = tmp_path_factory.mktemp("failing_run")
-    text = '''
-[[probe]]
-id = "unprovisionable"
-isolates = "A key naming a hub repo the offline server cannot read."
-kind = "trace"
-model = { panel = "gpt2", repo_id = "nnsight-repro/no-such-model", revision = "main", key = "hub" }
-select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
-input = "the big cat sat"
-hook = { "0.7" = "model.transformer.h[0].output", "0.8" = "model.transformer.h[0].output" }
-expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
-
-[[probe]]
-id = "raises-mid-trace"
-isolates = "A hook expression that indexes a 3-d hidden state with four indices."
-kind = "trace"
-model = { panel = "gpt2", repo_id = "openai-community/gpt2", revision = "main" }
-select = { "0.7" = { automodel = "AutoModelForCausalLM" }, "0.8" = { task = "text-generation" } }
-input = "the big cat sat"
-hook = { "0.7" = "model.transformer.h[0].output[0][0, 0, 0, 0]", "0.8" = "model.transformer.h[0].output[0][0, 0, 0, 0]" }
-expect = { main = "ok", patched = "ok", "patched-client-only" = "ok", "upstream-0.8" = "ok" }
-''' + CONTROL
+    text = (gpt2_probe("unprovisionable", "A key naming a hub repo the offline server cannot read.",
+                       repo='repo_id = "nnsight-repro/no-such-model", revision = "main", key = "hub"')
+            + gpt2_probe("raises-mid-trace", "A hook expression that indexes a 3-d hidden state with four indices.",
+                         hook="model.transformer.h[0].output[0][0, 0, 0, 0]")
+            + CONTROL)
     out = tmp / "out"
-    result = run_script("--probes", str(probe_file(tmp, text)), "--line", "upstream-0.8", out=out)
-    (record,) = records(out, "upstream-0.8-")
+    result = run_script("--probes", str(probe_file(tmp, text)), "--with", "multimolecule", "--line", "upstream-0.8",
+                        out=out)
+    (record,) = records(out, PREFIX_08)
     return result, {p["id"]: p for p in record["probes"]}
 
 
@@ -383,37 +364,23 @@ def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_
     assert not list(tmp_path.glob("upstream-0.8-*"))
 
 
-# The 0.7 client lines against the 0.7 stack (ndif 0.0.1), stock and patched server -----------------
+# The 0.7 client lines against the 0.7 stack (ndif 0.0.1, stock server) ------------------------------
 
-#: Each 0.7 client line (from the one declaration of pairings) with the fixture of the stack flavour serving it.
-PAIRINGS_07 = [(name, f"ndif07_{p.server}") for name, p in CLIENT_LINES.items() if p.line == "0.7"]
+#: The 0.7 client lines the session's 0.7 stack (stock server) serves, from the one declaration of pairings.
+STOCK_07_LINES = [name for name, p in CLIENT_LINES.items() if p.line == "0.7" and p.server == "stock"]
 
 
-@pytest.mark.parametrize("client_line, flavour", PAIRINGS_07)
-def test_07_client_line_observations_match_their_declarations(client_line, flavour, request):
-    probes = request.getfixturevalue(flavour)["probes"]
-    written = probes["records"][client_line]
-    assert len(written) == 1, (probes["returncode"], probes["stdout"][-3000:] + probes["stderr"][-3000:])
-    (record,) = written
-    mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
-    assert not mismatched
-    assert probes["returncode"] == 0, probes["stdout"][-3000:] + probes["stderr"][-3000:]
+@pytest.mark.parametrize("client_line", STOCK_07_LINES)
+def test_07_client_line_records_name_the_07_server_and_client(client_line, ndif07_stock):
+    (record,) = ndif07_stock["probes"]["records"][client_line]
     assert "ndif 0.0.1" in record["provenance"]["server"]["generation"]
     assert record["context"]["client"]["nnsight"] == "0.7.0"
 
 
-@pytest.mark.parametrize("flavour", ["ndif07_stock", "ndif07_patched"])
-def test_probe_script_uses_a_running_stack_of_the_right_flavour_and_leaves_it_up(flavour, request):
-    probes = request.getfixturevalue(flavour)["probes"]
+def test_probe_script_uses_the_running_07_stack_and_leaves_it_up(ndif07_stock):
+    probes = ndif07_stock["probes"]
     assert probes["stack_still_up"]
     assert "bringing up" not in probes["stdout"], probes["stdout"][-2000:]
-
-
-def test_rna_probes_fail_to_provision_on_a_server_without_multimolecule(ndif07_stock):
-    (record,) = ndif07_stock["probes"]["records"]["patched-client-only"]
-    observed = {p["id"]: p["observed"] for p in record["probes"]}
-    for probe_id in MULTIMOLECULE_PROBES:
-        assert "error provisioning the model deployment" in observed[probe_id]["message"], observed[probe_id]
 
 
 def test_patched_client_against_a_stock_server_runs_every_encoder_probe(ndif07_stock):

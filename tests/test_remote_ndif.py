@@ -119,7 +119,7 @@ def test_model_that_fails_to_deploy_is_named_with_its_cause(ndif_stack, tmp_path
     # What `up` does after starting the controller with the models to deploy: this one never shows up
     # in /status, so it is deployed again through `ndif deploy`, which names the cause.
     with pytest.raises(deploy.DeployError, match="broken: .*no-such-architecture"):
-        stack.wait_hot(ndif_stack.cfg, server_env.ensure(build=False),
+        stack.wait_hot(ndif_stack.cfg, server_env.ensure(build=False, extras=ndif_stack.cfg.extras),
                        {"broken": {"path": str(broken), "task": "text-generation", "key": key}})
 
 
@@ -257,8 +257,8 @@ def test_a_wait_that_times_out_quotes_the_end_of_the_services_log(tmp_path):
 
 
 # The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
-# A cold 0.8 stack of its own (`--with multimolecule`), run through the panel command's code
-# (fixture ndif08_multimolecule in tests/ndif_fixture.py); it is down again before these assertions run.
+# The session's 0.8 stack (it runs `--with multimolecule`), through the panel command's code (fixture
+# ndif08_batch in tests/ndif_fixture.py).
 
 #: What the server must build for each: the masked LM the key's task names (RNABERT exists for transformers
 #: only after `import multimolecule` in the server process that builds it).
@@ -267,8 +267,8 @@ MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMas
 
 @pytest.mark.parametrize("trace", ["read", "write"])
 @pytest.mark.parametrize("model", sorted(MULTIMOLECULE_BUILT))
-def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_local(ndif08_multimolecule, model, trace):
-    row = ndif08_multimolecule["by"][(model, "upstream-0.8", trace)]
+def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_local(ndif08_batch, model, trace):
+    row = ndif08_batch["by"][(model, "upstream-0.8", trace)]
     assert row["ok"] and row["max_abs_diff"] == 0.0, row
     assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
     assert json.loads(row["key"].split(":", 1)[1])["task"] == "fill-mask", row["key"]
@@ -278,23 +278,21 @@ def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_loca
         assert row["write_changes_local_output"], row
 
 
-def test_antiberty_runs_with_its_real_weights(ndif08_multimolecule):
+def test_antiberty_runs_with_its_real_weights(ndif08_batch):
     # The packaged AntiBERTy (antiberty==0.1.3's trained_models): hidden size 512, not a tiny random model's 32.
-    row = ndif08_multimolecule["by"][("antiberty", "upstream-0.8", "read")]
+    row = ndif08_batch["by"][("antiberty", "upstream-0.8", "read")]
     assert row["points"]["first_layer"]["shape"][-1] == 512, row["points"]
 
 
-def test_multimolecule_flavour_builds_in_its_own_environment_and_leaves_nothing(ndif08_multimolecule):
-    built = ndif08_multimolecule["built"]
+def test_multimolecule_flavour_builds_in_its_own_environment_without_oom_kills(ndif08_batch):
+    built = ndif08_batch["built"]
     assert {b["module_class"] for b in built} == set(MULTIMOLECULE_BUILT.values()), built
-    env = str(server_env.path("0.8", ("multimolecule",))) + "/"
+    env = str(server_env.path("0.8", server_packages.SUITE)) + "/"
     assert all(b["nnsight_file"].startswith(env) for b in built), built
-    assert ndif08_multimolecule["memory"]["stack_rss_mib"] > 0
-    assert "down_error" not in ndif08_multimolecule, ndif08_multimolecule["down_error"]
-    assert not ndif08_multimolecule["netns_left_after_down"]
-    # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
-    assert ndif08_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif08_multimolecule["memory"]
-    assert not ndif08_multimolecule["cgroup_left_after_down"]
+    assert ndif08_batch["memory"]["stack_rss_mib"] > 0
+    # The stack runs in a memory cgroup of its own, which saw no OOM kill (what its `down` leaves:
+    # tests/test_ndif_memory.py, the session's last test on it).
+    assert ndif08_batch["memory"]["cgroup"]["oom_kills"] == 0, ndif08_batch["memory"]
 
 
 def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_refused():

@@ -2,11 +2,13 @@
 
 The server is the 0.7 stack: PyPI ``ndif`` 0.0.1 plus the backports in
 ``nnsight_repro/ndif/adaptations_0_0_1.py`` (not the server production ran for 0.7.0), with stock
-nnsight 0.7.0 or the project's ``patched`` build on the server. The clients are the ``main`` (stock
-0.7.0) and ``patched`` environments, run inside the stack's namespace. One stack per server flavour
-per session, brought up cold and down again before the next (fixtures ``ndif07_stock`` / ``ndif07_patched``); every
-pairing's cases run in :func:`nnsight_repro.ndif.negative_control.run_pairings`, the same code that
-writes ``results/ndif_0.7/negative_control.json``. Which class the server built for a key is read from
+nnsight 0.7.0 and multimolecule. The clients are the ``main`` (stock 0.7.0) and ``patched`` environments,
+run inside the stack's namespace. One cold stack per session (the lane job ``ndif07``,
+tests/ndif_fixture.py), down again before these assertions run; every pairing's cases run in
+:func:`nnsight_repro.ndif.negative_control.run_pairings`, the same code that writes
+``results/ndif_0.7/negative_control.json``. The patched server nnsight is not started here: every client x
+server pairing is ``tests/test_wire.py``'s, offline, as a model actor loads a request, and the live run of
+every pairing is ``ndif negative-control``'s committed record. Which class the server built for a key is read from
 the model actors' own records (``logs/built.jsonl``), not inferred. A stack that cannot come up makes
 these tests fail; none of them skips.
 """
@@ -21,29 +23,12 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT, channel
-from nnsight_repro.ndif import config, negative_control, stack
-from nnsight_repro.paths import cache_dir
+from nnsight_repro.ndif import config, negative_control, server_env, server_packages, stack
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 #: The class each masked LM must be rebuilt as: what the key's automodel selects.
 MASKED_LM_CLASSES = [("bert-mlm", "BertForMaskedLM"), ("esm-mlm", "EsmForMaskedLM")]
 ATOL = negative_control.ATOL
-
-
-@pytest.fixture(scope="module")
-def stock_server(ndif07_stock):
-    """Every pairing against the stock-nnsight server (tests/ndif_fixture.py); the stack is down again."""
-    return ndif07_stock
-
-
-@pytest.fixture(scope="module")
-def patched_server(ndif07_patched):
-    """Every pairing against the patched-nnsight server (tests/ndif_fixture.py); the stack is down again."""
-    return ndif07_patched
-
-
-#: Both flavours by the lane job that serves them (the parameter names the job, so the lane sees it asked for).
-FLAVOURS, FLAVOUR_IDS = ["ndif07_stock", "ndif07_patched"], ["stock_server", "patched_server"]
 
 
 def case(result, client, model, kind="trace"):
@@ -75,80 +60,53 @@ def assert_write_within_bf16_tolerance(record):
 
 # Stock server ----------------------------------------------------------------------------------------
 
-def test_stock_server_serves_the_decoder_control_to_a_stock_client(stock_server):
-    record = case(stock_server, "main", "gpt2")
+def test_ndif07_stock_serves_the_decoder_control_to_a_stock_client(ndif07_stock):
+    record = case(ndif07_stock, "main", "gpt2")
     assert_within_bf16_tolerance(record)
-    assert built_for(stock_server, record["key"]) == ["GPT2LMHeadModel"]
+    assert built_for(ndif07_stock, record["key"]) == ["GPT2LMHeadModel"]
 
 
-def test_stock_client_bert_fails_on_the_server_with_hooked_output_name_error(stock_server):
-    record = case(stock_server, "main", "bert-mlm")
+def test_stock_client_bert_fails_on_the_server_with_hooked_output_name_error(ndif07_stock):
+    record = case(ndif07_stock, "main", "bert-mlm")
     assert not record["ok"]
     assert "RemoteException" in record["message"] and HOOKED_OUTPUT in record["message"], record["message"]
     # The stock key names no model class, so the server rebuilt the masked LM as AutoModelForCausalLM.
     assert "automodel" not in key_fields(record["key"])
-    assert built_for(stock_server, record["key"]) == ["BertLMHeadModel"]
+    assert built_for(ndif07_stock, record["key"]) == ["BertLMHeadModel"]
 
 
 @pytest.mark.parametrize("model, built", MASKED_LM_CLASSES)
-def test_patched_client_encoder_reads_run_on_a_stock_server(stock_server, model, built):
+def test_patched_client_encoder_reads_run_on_a_ndif07_stock(ndif07_stock, model, built):
     """What the public NDIF runs: a stock server, and a client with the series."""
-    record = case(stock_server, "patched", model)
+    record = case(ndif07_stock, "patched", model)
     assert_within_bf16_tolerance(record)
     assert record["read_points"][0] == "first_layer: nns_output"
     # The automodel in the key needs only the client: a stock server already rebuilds the masked LM.
     assert key_fields(record["key"])["automodel"] == "AutoModelForMaskedLM"
-    assert built_for(stock_server, record["key"]) == [built]
+    assert built_for(ndif07_stock, record["key"]) == [built]
 
 
 @pytest.mark.parametrize("model", ["bert-mlm", "esm-mlm"])
-def test_patched_client_encoder_writes_run_on_a_stock_server(stock_server, model):
-    assert_write_within_bf16_tolerance(case(stock_server, "patched", model, "write"))
+def test_patched_client_encoder_writes_run_on_a_ndif07_stock(ndif07_stock, model):
+    assert_write_within_bf16_tolerance(case(ndif07_stock, "patched", model, "write"))
 
 
 @pytest.mark.parametrize("client", ["main", "patched"])
-def test_decoder_reads_and_writes_run_on_a_stock_server_from_either_client(stock_server, client):
-    assert_within_bf16_tolerance(case(stock_server, client, "gpt2"))
-    assert_write_within_bf16_tolerance(case(stock_server, client, "gpt2", "write"))
+def test_decoder_reads_and_writes_run_on_a_ndif07_stock_from_either_client(ndif07_stock, client):
+    assert_within_bf16_tolerance(case(ndif07_stock, client, "gpt2"))
+    assert_write_within_bf16_tolerance(case(ndif07_stock, client, "gpt2", "write"))
 
 
-def test_stock_server_runs_its_own_stock_nnsight(stock_server):
-    env = str(cache_dir() / "envs" / "ndif-server-0.7") + "/"
-    assert stock_server["server_nnsight"]["file"].startswith(env), stock_server["server_nnsight"]
-    assert all(b["nnsight_file"].startswith(env) for b in stock_server["built"]), stock_server["built"]
-
-
-# Patched server --------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("model, built", MASKED_LM_CLASSES)
-def test_patched_client_and_server_read_and_write_encoders(patched_server, model, built):
-    record = case(patched_server, "patched", model)
-    assert_within_bf16_tolerance(record)
-    # 0.7 + the series reads a colliding layer's own output as `nns_output`.
-    assert record["read_points"][0] == "first_layer: nns_output"
-    assert built_for(patched_server, record["key"]) == [built]
-    assert_write_within_bf16_tolerance(case(patched_server, "patched", model, "write"))
-
-
-def test_stock_client_bert_on_a_patched_server_still_fails_with_hooked_output(patched_server):
-    record = case(patched_server, "main", "bert-mlm")
-    assert not record["ok"]
-    assert HOOKED_OUTPUT in record["message"], record["message"]
-    assert built_for(patched_server, record["key"]) == ["BertLMHeadModel"]
-
-
-def test_patched_server_runs_the_patched_environments_own_nnsight(patched_server):
-    # Not a copy and not a monkeypatch: the server imports the `patched` environment's installed build.
-    env = str(cache_dir() / "envs" / "patched") + "/"
-    assert patched_server["server_nnsight"]["file"].startswith(env), patched_server["server_nnsight"]
-    assert patched_server["built"] and all(b["nnsight_file"].startswith(env) for b in patched_server["built"])
+def test_ndif07_stock_runs_its_own_stock_nnsight(ndif07_stock):
+    env = str(server_env.path("0.7", server_packages.SUITE)) + "/"
+    assert ndif07_stock["server_nnsight"]["file"].startswith(env), ndif07_stock["server_nnsight"]
+    assert all(b["nnsight_file"].startswith(env) for b in ndif07_stock["built"]), ndif07_stock["built"]
 
 
 # The stack itself ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
-def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothing(flavour, request):
-    result = request.getfixturevalue(flavour)
+def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothing(ndif07_stock):
+    result = ndif07_stock
     assert result["interfaces"] == ["lo"]
     assert result["status"]["problems"] == [], result["status"]["problems"]
     records = [r for per_client in result["clients"].values() for r in per_client.values() if "key" in r]
@@ -163,9 +121,8 @@ def test_stack_has_only_loopback_lists_every_buildable_key_hot_and_leaves_nothin
         assert by_key[key]["level"] == "HOT", (key, result["status"]["models"])
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
-def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request):
-    result = request.getfixturevalue(flavour)
+def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(ndif07_stock):
+    result = ndif07_stock
     (gpt2_key,) = result["status"]["state"]["models"].values()
     assert list(result["status"]["state"]["models"]) == ["gpt2"]
     # The key every 0.7 client sends for GPT-2 (no automodel: the default), and the actor that built it.
@@ -174,24 +131,22 @@ def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(flavour, request)
     assert not result["netns_left_after_down"]
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS, ids=FLAVOUR_IDS)
-def test_every_ray_client_connecting_as_the_api_does_gets_its_server(flavour, request):
+def test_every_ray_client_connecting_as_the_api_does_gets_its_server(ndif07_stock):
     # With gRPC's fork support on in Ray's processes, 18 of 122 such connects (measured) lost their
-    # server at start and waited 30 s (generations.RAY_ENV); 16 per flavour, 32 in all, would miss that
-    # less than once in a hundred runs.
-    attempts = request.getfixturevalue(flavour)["ray_clients"]
-    assert len(attempts) == 16
+    # server at start and waited 30 s (generations.RAY_ENV); 32 would miss that less than once in a hundred runs.
+    attempts = ndif07_stock["ray_clients"]
+    assert len(attempts) == 32
     assert [a for a in attempts if not a["ok"]] == []
 
 
-def test_second_up_while_a_07_stack_runs_is_refused_naming_it(stock_server):
-    assert "already running" in stock_server["second_up"] and stock_server["netns"] in stock_server["second_up"]
-    assert stock_server["healthy_after_second_up"]
+def test_second_up_while_a_07_stack_runs_is_refused_naming_it(ndif07_stock):
+    assert "already running" in ndif07_stock["second_up"] and ndif07_stock["netns"] in ndif07_stock["second_up"]
+    assert ndif07_stock["healthy_after_second_up"]
 
 
-def test_stack_whose_api_dies_mid_run_is_reported_and_down_cleans_up(patched_server):
-    # Done last on the session's patched 0.7 stack (tests/ndif_fixture.py kill_the_api): it breaks that stack.
-    found = patched_server["api_killed"]
+def test_stack_whose_api_dies_mid_run_is_reported_and_down_cleans_up(ndif07_stock):
+    # Done last on the session's 0.7 stack (tests/ndif_fixture.py kill_the_api): it breaks that stack.
+    found = ndif07_stock["api_killed"]
     assert "raised" not in found, found["raised"]
     api = found["started"]["api"]
     assert any(p.startswith(f"api (pid {api}) is not running") for p in found["problems"]), found["problems"]
@@ -262,9 +217,7 @@ def test_rays_start_waits_for_a_dashboard_slower_than_its_fixed_polls_and_then_r
 
 def test_the_dashboard_adaptation_reaches_ray_250s_own_start_api_server_and_its_fixed_polls():
     # What [A14] assumes of the 0.7 server's Ray: the loop it stretches is there, and the hook wraps it.
-    from nnsight_repro.ndif import server_env
-
-    env = server_env.ensure(build=False, line="0.7")
+    env = server_env.ensure(build=False, line="0.7", extras=server_packages.SUITE)
     found = channel.run_one([str(env.python), "-c", (
         "import inspect, json, sys\n"
         "from nnsight_repro import channel\n"
@@ -290,18 +243,17 @@ def test_status_and_down_of_a_07_stack_that_is_not_running_say_so(tmp_path):
 
 
 # The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
-# A cold stock 0.7 stack of its own (`--with multimolecule`), run through the panel command's code
-# (fixture ndif07_multimolecule in tests/ndif_fixture.py); it is down again before these assertions run.
-# Without the flavour the same RNABERT request fails to provision: the probes declare and check that
-# (scripts/ndif_feasibility/probes.toml, rnabert-masked-lm, against the plain stacks).
+# The session's 0.7 stack, through the panel command's code (its batch, before everything above ran on it).
+# Without the flavour the same RNABERT request fails to provision: the probes declare that
+# (scripts/ndif_feasibility/probes.toml, rnabert-masked-lm), observed in results/ndif_feasibility.
 
 MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMaskedLM"}
 
 
 @pytest.mark.parametrize("trace", ["read", "write"])
 @pytest.mark.parametrize("model", sorted(MULTIMOLECULE_BUILT))
-def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_server(ndif07_multimolecule, model, trace):
-    row = ndif07_multimolecule["by"][(model, "patched", trace)]
+def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_server(ndif07, model, trace):
+    row = ndif07["by"][(model, "patched", trace)]
     assert row["ok"], row
     assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
     assert key_fields(row["key"])["automodel"] == "AutoModelForMaskedLM"
@@ -314,8 +266,8 @@ def test_patched_client_runs_rnabert_and_antiberty_on_a_stock_multimolecule_serv
         assert row["write_changes_local_output"], row
 
 
-def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_bugs_predict(ndif07_multimolecule):
-    by = ndif07_multimolecule["by"]
+def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_bugs_predict(ndif07):
+    by = ndif07["by"]
     for trace in ("read", "write"):
         # No automodel in the stock key: RNABERT asked for as AutoModelForCausalLM, which it has not.
         rna = by[("rnabert", "main", trace)]
@@ -328,12 +280,12 @@ def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_
         assert rna["as_expected"] and anti["as_expected"]
 
 
-def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing(ndif07_multimolecule):
-    env = str(cache_dir() / "envs" / "ndif-server-0.7+multimolecule") + "/"
-    built = ndif07_multimolecule["built"]
+def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing(ndif07):
+    env = str(server_env.path("0.7", server_packages.SUITE)) + "/"
+    built = ndif07["built"]
     assert built and all(b["nnsight_file"].startswith(env) for b in built), built
-    assert "down_error" not in ndif07_multimolecule, ndif07_multimolecule["down_error"]
-    assert not ndif07_multimolecule["netns_left_after_down"]
+    assert "down_error" not in ndif07, ndif07["down_error"]
+    assert not ndif07["netns_left_after_down"]
     # The batch ran in a memory cgroup of its own, which saw no OOM kill and went with the stack.
-    assert ndif07_multimolecule["memory"]["cgroup"]["oom_kills"] == 0, ndif07_multimolecule["memory"]
-    assert not ndif07_multimolecule["cgroup_left_after_down"]
+    assert ndif07["memory"]["cgroup"]["oom_kills"] == 0, ndif07["memory"]
+    assert not ndif07["cgroup_left_after_down"]

@@ -1,5 +1,5 @@
-"""The live-stack lane (tests/stack_lane.py), with fake jobs (tests/stack_lane_cases.py): each record reaches
-its fixture, a failing job is named and stops nothing, a job a dead lane never reached runs in a lane of its
+"""The live-stack lane (nnsight_repro/lane.py; the plugin tests/stack_lane.py), with fake jobs
+(tests/stack_lane_cases.py): each record reaches its fixture, a failing job is named and stops nothing, a job a dead lane never reached runs in a lane of its
 own, an interrupted or orphaned lane still brings its job down, what a killed lane left up (or a job that
 failed) is brought down by the session, and the tests that read the lane run last."""
 
@@ -15,8 +15,11 @@ import pytest
 
 import stack_lane
 from nnsight_repro import ROOT, channel
+from nnsight_repro.lane import Lane, LaneError
 
 CASES = "stack_lane_cases:JOBS"
+#: Where the lane imports the fake jobs from.
+HERE = [Path(__file__).resolve().parent]
 SLOW = "runs until interrupted"
 
 
@@ -27,7 +30,7 @@ def brought_down():
 
 @pytest.fixture
 def lane(tmp_path, brought_down):
-    running = stack_lane.Lane(tmp_path, CASES, bring_down=brought_down.append, say=lambda line: None)
+    running = Lane(tmp_path, CASES, HERE, bring_down=brought_down.append, say=lambda line: None)
     yield running
     running.stop()
 
@@ -47,7 +50,7 @@ def test_each_job_s_record_reaches_its_fixture_whichever_is_asked_for_first(lane
 
 def test_a_failing_job_is_named_with_its_traceback_and_the_next_job_still_runs(lane):
     lane.start(["fails", "first"])
-    with pytest.raises(stack_lane.LaneError) as raised:
+    with pytest.raises(LaneError) as raised:
         lane.result("fails")
     message = str(raised.value)
     assert message.startswith("The live-stack job fails failed") and str(lane.log) in message, message
@@ -69,7 +72,7 @@ def test_a_job_the_session_did_not_foresee_waits_for_the_running_lane_to_end(lan
 
 def test_every_lane_sees_the_environment_the_session_started_with_not_what_a_test_sets_later(monkeypatch, tmp_path):
     monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path / "the session's"))
-    running = stack_lane.Lane(tmp_path, CASES, say=lambda line: None)
+    running = Lane(tmp_path, CASES, HERE, say=lambda line: None)
     monkeypatch.setenv("NNSIGHT_REPRO_CACHE", str(tmp_path / "a test's own"))
     try:
         running.start(["first"])
@@ -90,7 +93,7 @@ def test_stop_interrupts_a_running_job_through_its_finally_and_the_session_makes
 
 def test_stop_lets_a_lane_that_sent_every_record_exit_by_itself(tmp_path, brought_down):
     said = []
-    running = stack_lane.Lane(tmp_path, CASES, bring_down=brought_down.append, say=said.append)
+    running = Lane(tmp_path, CASES, HERE, bring_down=brought_down.append, say=said.append)
     running.start(["leaves a thread running"])
     assert running.result("leaves a thread running") == "sent"
     (stream,) = set(running.streams.values())
@@ -122,8 +125,8 @@ def test_a_lane_killed_mid_job_has_that_job_brought_down_by_the_session(lane, br
 
 def test_a_lane_whose_session_is_killed_outright_brings_its_job_down(tmp_path):
     session = subprocess.Popen(
-        [sys.executable, "-c", "import stack_lane, time\n"
-         f"stack_lane.Lane({str(tmp_path)!r}, {CASES!r}).start([{SLOW!r}])\n"
+        [sys.executable, "-c", "import time\nfrom nnsight_repro.lane import Lane\n"
+         f"Lane({str(tmp_path)!r}, {CASES!r}, {[str(p) for p in HERE]!r}).start([{SLOW!r}])\n"
          "time.sleep(300)\n"],
         cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:

@@ -263,13 +263,45 @@ def trace_with_every_client(cfg: config.StackConfig, deployable: List[str], numb
     return by_client
 
 
+def measure(cfg: config.StackConfig, names: List[str], number: int, say: Callable[[str], None] = _say) -> dict:
+    """``names`` on the running stack of ``cfg``, which stays up: deployed one by one where the generation
+    deploys only what it was given, then traced by every pairing's client. The clients' records, the models
+    that did not deploy, the stack's memory and what its model actors built."""
+    group = memory_watch.memory_group(cfg)
+    failures = {} if cfg.generation.deploys_on_request else deploy_one_by_one(cfg, names, number, say)
+    deployable = [name for name in names if name not in failures]
+    return {"by_client": trace_with_every_client(cfg, deployable, number, group, say), "deploy_failures": failures,
+            "memory": stack_memory(cfg), "built": stack_clients.built_models(cfg)}
+
+
+def judged(names: List[str], number: int, line: str, measured: dict, flavour: str) -> List[dict]:
+    """The rows of a :func:`measure`: each model, pairing and trace against its prediction."""
+    built = {b["model_key"]: b["module_class"] for b in measured["built"]}
+    return [row for name in names for p in PAIRINGS[line]
+            for row in model_rows(name, p.client, p.panel_role, line, measured["by_client"].get(p.client, {}), built,
+                                  measured["deploy_failures"].get(name), number, flavour)]
+
+
+def run_on_running_stack(cfg: config.StackConfig, names: List[str], number: int,
+                         say: Callable[[str], None] = _say) -> dict:
+    """A batch on a stack that is up and stays up (the test session's): :func:`measure` and :func:`judged`, with
+    ``built`` the model actors' records for the keys the batch's clients sent."""
+    started = time.monotonic()
+    measured = measure(cfg, names, number, say)
+    keys = {r["key"] for records in measured["by_client"].values() for r in records.values() if "key" in r}
+    flavour = "+".join(cfg.extras) or FLAVOUR
+    return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1),
+            "memory": measured["memory"], "built": [b for b in measured["built"] if b["model_key"] in keys],
+            "rows": judged(names, number, cfg.line, measured, flavour)}
+
+
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
               while_up: Optional[Callable[[config.StackConfig], object]] = None,
               memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
     """One cold stack of ``line`` (server ``flavour``): ``names`` deployed on demand and traced by every
-    pairing's client; the stack is down again on return, also after a failure (a ``down`` that fails is the
-    result's ``down_error``: the batch's measurements stand). ``memory_limit_mib`` caps the stack's memory
-    (:attr:`config.StackConfig.memory_limit_mib`).
+    pairing's client (:func:`measure`); the stack is down again on return, also after a failure (a ``down``
+    that fails is the result's ``down_error``: the batch's measurements stand). ``memory_limit_mib`` caps the
+    stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
 
     ``while_up``, if given, is called with the stack's config once the batch is measured and before the
     stack comes down; what it returns is the result's ``while_up``. The test session uses it to run the
@@ -278,47 +310,36 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     lease (:func:`stack_state.lease`) from before it brings a leftover down until its own ``down``.
     """
     cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
-    on_request = cfg.generation.deploys_on_request
     with stack_state.lease(cfg, say=say):
         group = None
         if netns.exists(cfg.netns):
             say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
             stack.down(cfg)
-        deploy_failures: Dict[str, str] = {}
-        by_client: Dict[str, Dict[str, dict]] = {}
         down_error = None
         started = time.monotonic()
         try:
             # A generation that deploys on request starts with its usual models; the other, with none,
             # then the batch's one by one, so a model that does not deploy is named with its cause.
-            state = stack.up(cfg, models=None if on_request else [], say=say)
+            state = stack.up(cfg, models=None if cfg.generation.deploys_on_request else [], say=say)
             group = memory_watch.memory_group(cfg)
-            if not on_request:
-                deploy_failures = deploy_one_by_one(cfg, names, number, say)
-            deployable = [name for name in names if name not in deploy_failures]
-            by_client = trace_with_every_client(cfg, deployable, number, group, say)
-            memory = stack_memory(cfg)
-            built_records = stack_clients.built_models(cfg)
+            measured = measure(cfg, names, number, say)
             timings = state.get("timings", {})
             also = while_up(cfg) if while_up else None
         except errors.StackError as exc:
             # The stack did not come up (or died between clients): the batch's models all carry the reason.
             say(f"batch {number}: {exc}")
-            memory, built_records, timings, also = {}, [], {}, None
-            for pairing in PAIRINGS[line]:
-                by_client.setdefault(pairing.client, failed_cases(names, line, exc))
+            measured = {"by_client": {p.client: failed_cases(names, line, exc) for p in PAIRINGS[line]},
+                        "deploy_failures": {}, "memory": {}, "built": []}
+            timings, also = {}, None
         finally:
             try:
                 stack.down(cfg, say=lambda m: None)
             except (errors.StackError, netns.NetnsError) as exc:
                 down_error = str(exc)
                 say(f"batch {number}: the stack did not come down: {exc}")
-    built = {b["model_key"]: b["module_class"] for b in built_records}
-    rows = [row for name in names for p in PAIRINGS[line]
-            for row in model_rows(name, p.client, p.panel_role, line, by_client.get(p.client, {}), built,
-                                  deploy_failures.get(name), number, flavour)]
-    return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1), "memory": memory,
-            "stack_timings": timings, "built": built_records, "rows": rows,
+    return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1),
+            "memory": measured["memory"], "stack_timings": timings, "built": measured["built"],
+            "rows": judged(names, number, line, measured, flavour),
             "netns_left_after_down": netns.exists(cfg.netns),
             "cgroup_left_after_down": bool(group and group.path.exists()), **({"while_up": also} if while_up else {}),
             **({"down_error": down_error} if down_error else {})}

@@ -66,6 +66,11 @@ FLAVOURS: Dict[str, Flavour] = {
     ]
 }
 
+#: What every stack the test suite starts installs: with multimolecule, one stack per generation serves every
+#: live check of that generation (a model that needs no package runs on it as on a plain one). ``test`` builds
+#: these server environments before pytest starts.
+SUITE = ("multimolecule",)
+
 
 class FlavourError(ValueError):
     """An unknown flavour (the message lists the known ones), or two that install the same package."""
