@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nnsight_repro import envs, models as panel_models, provenance  # noqa: E402
+from nnsight_repro import envs, models as panel_models, procfs, provenance  # noqa: E402
 from nnsight_repro.ndif import (config, deploy, errors, generations, netns, panel, server_env, stack,
                                 stack_clients)  # noqa: E402
 
@@ -89,8 +89,7 @@ def memory(cfg: config.StackConfig) -> dict:
     """The running stack's memory (:func:`panel.stack_memory`), and how many more model actors of the median
     size the machine's memory holds beside what the stack runs besides its actors."""
     found = panel.stack_memory(cfg)
-    total = next(int(line.split()[1]) // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-                 if line.startswith("MemTotal:"))
+    total = procfs.meminfo()["MemTotal"] // 1024
     actors = found["model_actor_rss_mib"]
     found["machine_total_mib"] = total
     if actors:
@@ -150,7 +149,7 @@ def main(argv=None) -> int:
     environments_s = time.monotonic() - started
 
     record = {"provenance": provenance.record(
-                  " ".join(["python3", "benchmarks/bench_ndif.py", *(argv or sys.argv[1:])]),
+                  provenance.command_line(None if argv is None else ["benchmarks/bench_ndif.py", *argv]),
                   # As each interpreter reports them (the 0.7 server's nnsight also as `up` found it imported).
                   versions={"client": envs.reported_versions(envs.ensure(client, build=False)),
                             "server": envs.reported_versions(server_env.ensure(build=False, line=line,

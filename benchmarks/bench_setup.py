@@ -83,7 +83,7 @@ def pip_main(cache: Path) -> dict:
     """The pre-uv recipe for ``main`` (venv, torch, pins, sdist), each step timed, with its own empty pip cache."""
     spec = envs.spec("main")
     os.environ["NNSIGHT_REPRO_CACHE"] = str(cache)
-    archive = envs.sdist(spec.nnsight, spec.sdist_sha256)  # downloaded before timing, as the uv run has it too
+    archive = envs.sdists.sdist(spec.nnsight, spec.sdist_sha256)  # downloaded before timing, as the uv run has it too
     source = cache / "src"
     shutil.unpack_archive(str(archive), str(source))
     venv = cache / "pip-venv"

@@ -256,7 +256,6 @@ class Stream:
         return kind(self.what, self.argv, reason, returncode=self.process.returncode,
                     stderr_tail=self.stderr_tail(), stdout_tail=self.stdout_tail())
 
-    _error = error  # ndif/stack.py's client_records still calls it by this name
 
 
 def _tail(path: Path, lines: int, start: int = 0) -> str:

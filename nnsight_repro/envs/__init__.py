@@ -41,11 +41,6 @@ from . import build as build_steps
 from .specs import (BUILD_PINS, PINS, RECIPE, SPECS, TOOLS, EnvError, Spec, ToolSpec, digest_of,  # noqa: F401
                     inputs, log, read_stamp, spec, write_stamp)
 
-# Still called envs.<name> by ndif/server_env.py and benchmarks/bench_setup.py; they belong in the submodules.
-from .. import uvtool  # noqa: E402,F401
-from .build import checked, freeze, install_pins, make_venv, release_wheel, stepper, uv_step  # noqa: E402,F401
-from .sdists import download, sdist  # noqa: E402,F401
-
 
 # Environments --------------------------------------------------------------
 

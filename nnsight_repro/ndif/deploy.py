@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
-from .. import ROOT, channel, envs
+from .. import ROOT, channel, envs, fsutil
 
 #: The decoder control and the two masked LMs the remote tests need (what each generation deploys at
 #: ``up``: :attr:`.generations.Generation.served`).
@@ -78,10 +78,7 @@ def minted(names: List[str], cache: Path, client: str) -> Dict[str, dict]:
     missing = [name for name in names if name not in known]
     if missing:
         known.update(mint(missing, client))
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        staging = cache.with_suffix(".tmp")
-        staging.write_text(json.dumps({"digest": digest, "models": known}, indent=1))
-        staging.replace(cache)
+        fsutil.write_text(cache, json.dumps({"digest": digest, "models": known}, indent=1))
     return {name: known[name] for name in names}
 
 

@@ -216,8 +216,7 @@ class Ndif012(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             # Ray workers inherit this, so they can import the adaptations module.
             "PYTHONPATH": str(ROOT),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **paths.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             # An empty hub cache of our own: /status lists whatever it finds there as COLD models.
             "HF_HOME": str(cfg.folder / "hf_home"),
@@ -305,8 +304,7 @@ class Ndif001(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             "PYTHONPATH": os.pathsep.join(path),
             "HOME": str(cfg.home),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **paths.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "HF_HOME": str(cfg.folder / "hf_home"),
             # What `ndif start api` sets (DEV_MODE: no API keys, no version checks, no Postgres).

@@ -20,8 +20,7 @@ import subprocess
 import time
 from typing import List, Sequence
 
-from ..procfs import command_line, exited, parent  # noqa: F401  (ndif.stack, ndif.panel and tests/ndif_fixture
-# still call them here)
+from ..procfs import exited
 
 
 class NetnsError(Exception):

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, envs, fsutil, outcomes, provenance
+from .. import ROOT, envs, fsutil, outcomes, procfs, provenance
 from .. import models as panel_models
 # The errors a failing record is matched against and what each failure is live in the rule's module (preflight
 # predicts with the same rule); the report and the tests read them here as well.
@@ -126,13 +126,6 @@ def server_facts(line: str, flavour: str = FLAVOUR) -> "outcomes.ServerFacts":
 MODEL_ACTOR_TITLE = "ray::CPUModelActor"
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def stack_memory(cfg: config.StackConfig) -> dict:
     """Resident memory of every process in the stack's namespace and of each model actor among them, what
     the machine has left (MiB), and the stack's memory cgroup's counters (``cgroup``: OOM kills, peak, limit)."""
@@ -140,15 +133,14 @@ def stack_memory(cfg: config.StackConfig) -> dict:
     pids = netns.pids(cfg.netns)
     for pid in pids:
         try:
-            kib = _rss_kib(pid)
-            title = (netns.command_line(pid) or [""])[0]
+            kib = procfs.rss_kib(pid)
+            title = (procfs.command_line(pid) or [""])[0]
         except OSError:
             continue  # exited since it was listed
         rss += kib
         if title.startswith(MODEL_ACTOR_TITLE):
             actors.append(kib // 1024)
-    available = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemAvailable:")), 0)
+    available = procfs.meminfo().get("MemAvailable", 0)
     group = memory_watch.memory_group(cfg)
     return {"stack_rss_mib": rss // 1024, "machine_available_mib": available // 1024, "processes": len(pids),
             "model_actor_rss_mib": sorted(actors), "cgroup": memcg.counters(group) if group else None}

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict
 
-from .. import envs, fsutil, series
+from .. import envs, fsutil, series, uvtool
+from ..envs import build as build_steps, sdists
 from . import server_packages
 from .generations import GENERATIONS
 
@@ -95,7 +96,7 @@ def server_spec(line: str = "0.8") -> ServerSpec:
 def ndif_wheel(line: str = "0.8") -> Path:
     """The ndif wheel, downloaded once into the cache and checked against its pinned hash."""
     spec = server_spec(line)
-    return envs.download("ndif", spec.wheel, spec.wheel_sha256)
+    return sdists.download("ndif", spec.wheel, spec.wheel_sha256)
 
 
 def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
@@ -117,7 +118,7 @@ def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
         "nnsight": client.nnsight,
         "nnsight_sdist_sha256": client.sdist_sha256,
         "pins_sha256": hashlib.sha256((envs.PINS / spec.pins).read_bytes()).hexdigest(),
-        "uv": envs.uvtool.VERSION,
+        "uv": uvtool.VERSION,
         "build_pins_sha256": hashlib.sha256(envs.BUILD_PINS.read_bytes()).hexdigest(),
         "python": sys.version.split()[0],
         "python_home": sys.base_prefix,
@@ -141,34 +142,34 @@ def ensure(build: bool = True, line: str = "0.8", extras: tuple = ()) -> envs.En
 
 
 def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict, digest: str) -> None:
-    step = envs.stepper(name, where / "build.log")
+    step = build_steps.stepper(name, where / "build.log")
     client = envs.spec(spec.client_env)
     pins = envs.PINS / spec.pins
     wheel = ndif_wheel("0.8" if spec is SERVERS["0.8"] else "0.7")
     flavours = server_packages.flavours(extras)
-    python = envs.make_venv(step, where)
+    python = build_steps.make_venv(step, where)
     # A flavour's packages in the same resolution as the generation's pins: one consistent environment,
     # as a serving image built with them would be.
-    envs.install_pins(step, python, pins, extra=[a for f in flavours for a in ("-r", str(envs.PINS / f.pins))])
+    build_steps.install_pins(step, python, pins, extra=[a for f in flavours for a in ("-r", str(envs.PINS / f.pins))])
     # --python-version only moves ndif's declared Requires-Python check (>= 3.12) out of the way, for this
     # one pure-Python wheel installed without dependencies.
-    envs.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
+    build_steps.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
                  "--python-version", "3.12", str(wheel))
-    built = envs.release_wheel(step, client.nnsight, client.sdist_sha256)
-    envs.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
+    built = build_steps.release_wheel(step, client.nnsight, client.sdist_sha256)
+    build_steps.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
                  "--no-deps", "--reinstall-package", "nnsight", str(built))
     for flavour in flavours:
         if flavour.series:
             envs.log(f"{name}: applying the series {flavour.series} to the installed {flavour.imports[0]}")
             apply_series(flavour, Path(python))
     imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
-    installed = envs.checked(step, python, f"checking the install (importing {imports})", (
+    installed = build_steps.checked(step, python, f"checking the install (importing {imports})", (
         f"import importlib.metadata as m, {imports}\n"
         "print(m.version('ndif'), m.version('nnsight'))")).split()
     if installed != [spec.ndif, client.nnsight]:
         raise envs.EnvError(f"Building {name!r}: installed ndif/nnsight report {installed}, "
                             f"expected {[spec.ndif, client.nnsight]}.")
-    envs.write_stamp(where, name, digest, wanted, envs.freeze(step, python))
+    envs.write_stamp(where, name, digest, wanted, build_steps.freeze(step, python))
 
 
 def apply_series(flavour: server_packages.Flavour, python: Path) -> None:

@@ -106,7 +106,7 @@ def client_records(cfg: configuration.StackConfig, client: channel.Stream, timeo
     try:
         sent = [r for r in client.records(timeout) if "ready" not in r]
         if len(sent) != 1 or "cases" not in sent[0]:
-            raise client._error(f"sent {sent!r} instead of one record of cases")
+            raise client.error(f"sent {sent!r} instead of one record of cases")
     except channel.ChannelError as exc:
         problems = status(cfg)["problems"]
         health = ("; the stack is not healthy: " + "; ".join(problems)) if problems else ""
