@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from bench_setup import run  # noqa: E402  (beside this file; it puts the project on the path)
 from cpu_use import CpuUse  # noqa: E402
 from nnsight_repro import cli, envs, paths, provenance  # noqa: E402
-from tests.stack_lane import MODES  # noqa: E402
+from nnsight_repro.lane import MODES  # noqa: E402
 
 #: Issue 19's bar for the warm test command, printed as a ratio beside the measurement.
 BAR_S = 6 * 60

@@ -43,7 +43,7 @@ from nnsight_repro import procfs  # noqa: E402
 TICK = os.sysconf("SC_CLK_TCK")
 NETNS_DIR = Path("/run/netns")
 NETNS_PREFIX = "nnsr-"
-LANE_SCRIPT = "stack_lane.py"
+LANE_SCRIPT = "nnsight_repro.lane"
 
 
 def machine_ticks() -> dict:

@@ -39,7 +39,20 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import ROOT, channel
+from . import ROOT, channel, paths
+
+#: What ``NNSIGHT_REPRO_STACK_LANE`` may say: start the jobs ahead (the default), or each when first asked for.
+MODES = ("ahead", "on-demand")
+
+
+def mode() -> str:
+    """The lane's mode this session; anything else is refused, naming the variable and its values."""
+    chosen = paths.setting("STACK_LANE", MODES[0])
+    if chosen not in MODES:
+        raise LaneError(f"{paths.variable('STACK_LANE')}={chosen!r} is not a mode of the live-stack lane: "
+                        f"use {' or '.join(MODES)}.")
+    return chosen
+
 
 #: Seconds :meth:`Lane.stop` waits for a lane it interrupted to bring its stack down before killing it.
 STOP_GRACE_S = 300

@@ -23,7 +23,7 @@ SETTINGS = {
     "OFFLINE": "build environments from the uv cache alone, never touching the network",
     "UV": "a uv binary to use instead of the pinned release the first build installs",
     "PATCHES": "the patches folder (default <repo>/patches); a test points it at an emptied series",
-    "STACK_LANE": "tests/stack_lane.py: `ahead` (default) starts the session's live-stack jobs before the first test "
+    "STACK_LANE": "nnsight_repro/lane.py: `ahead` (default) starts the session's live-stack jobs before the first test "
                   "and runs the tests that read them last; `on-demand` starts each when a test first asks for it, "
                   "in test order (benchmarks/bench_suite.py's baseline)",
     "ZOO_INJECT": "zoo tests: segfault=<unit>,hang=<unit> makes a worker die or hang at that unit",

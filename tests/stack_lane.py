@@ -15,20 +15,9 @@ from typing import Iterable, List
 
 import pytest
 
+from nnsight_repro import lane
+
 HERE = Path(__file__).resolve().parent
-#: What ``NNSIGHT_REPRO_STACK_LANE`` may say: start the jobs ahead (the default), or each when first asked for.
-MODES = ("ahead", "on-demand")
-
-
-def mode() -> str:
-    """The lane's mode this session; anything else is refused, naming the variable and its values."""
-    from nnsight_repro import lane, paths
-
-    chosen = paths.setting("STACK_LANE", MODES[0])
-    if chosen not in MODES:
-        raise lane.LaneError(f"{paths.variable('STACK_LANE')}={chosen!r} is not a mode of the live-stack lane: "
-                             f"use {' or '.join(MODES)}.")
-    return chosen
 
 
 def asks_for(item, jobs: Iterable[str]) -> List[str]:
@@ -58,10 +47,9 @@ def readers_last(items, jobs: Iterable[str]) -> list:
 def pytest_collection_modifyitems(session, config, items):
     """Tests that read a lane job run last (unless the lane runs on demand); a mode it lacks stops the run."""
     from ndif_fixture import LANE_JOBS
-    from nnsight_repro import lane
 
     try:
-        ahead = mode() == "ahead"
+        ahead = lane.mode() == "ahead"
     except lane.LaneError as exc:
         raise pytest.UsageError(str(exc)) from None
     if ahead:
@@ -73,11 +61,10 @@ def live_stack_lane(request, tmp_path_factory, terminal_line):
     """The session's :class:`nnsight_repro.lane.Lane`, started before the first test with the jobs the
     collected tests ask for; at the end, whatever it still runs is interrupted and its stack brought down."""
     from ndif_fixture import LANE_JOBS, bring_down
-    from nnsight_repro import lane
 
     running = lane.Lane(tmp_path_factory.mktemp("stack-lane"), "ndif_fixture:LANE_RUNS", [HERE], bring_down,
                         terminal_line)
-    jobs = needed(request.session.items, LANE_JOBS) if mode() == "ahead" else []
+    jobs = needed(request.session.items, LANE_JOBS) if lane.mode() == "ahead" else []
     if jobs:
         terminal_line(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {running.log})")
         running.start(jobs)
