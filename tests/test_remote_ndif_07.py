@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro import ROOT, channel
-from nnsight_repro.ndif import config, negative_control, server_env, server_packages, stack
+from nnsight_repro.ndif import config, negative_control, server_env, server_packages, services, stack
+from nnsight_repro.paths import cache_dir
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 #: The class each masked LM must be rebuilt as: what the key's automodel selects.
@@ -156,6 +157,18 @@ def test_stack_whose_api_dies_mid_run_is_reported_and_down_cleans_up(ndif07_stoc
     assert found["down"]["deleted_netns"] and not found["netns_left"], found["down"]
     assert set(found["started"].values()) - {api} <= set(found["down"]["killed"]), found
     assert found["alive_after_down"] == [], found
+
+
+@pytest.mark.parametrize("server, client_env", [("stock", None), ("patched", "patched")])
+def test_each_server_build_imports_its_own_nnsight_in_every_server_process(server, client_env, tmp_path):
+    # What `up` checks before it starts a service, run without a stack: a server process's Python path puts the
+    # patched environment's installed nnsight first for the patched build, and nothing for the stock one. (The
+    # patched build's live run: `ndif negative-control`, results/ndif_0.7/negative_control.json.)
+    cfg = config.StackConfig(folder=tmp_path / "ndif-0.7", line="0.7", server=server, extras=server_packages.SUITE)
+    env = server_env.ensure(build=False, line="0.7", extras=cfg.extras)
+    found = services.prepare_python_path(cfg, env)
+    expected = cache_dir() / "envs" / client_env if client_env else env.path
+    assert found["file"].startswith(str(expected) + os.sep) and found["adaptations"], found
 
 
 def test_07_stack_settings_that_cannot_work_are_refused_before_anything_starts():
