@@ -37,6 +37,14 @@ def assert_names_what_ran_where(error, behaviour):
     assert f"channel_child.py {behaviour}" in message, message
 
 
+def failure(behaviour, match, error=channel.ChannelError, **kwargs):
+    """What ``run_one(behaviour)`` raises: ``error`` matching ``match``, naming what ran where."""
+    with pytest.raises(error, match=match) as caught:
+        run_one(behaviour, **kwargs)
+    assert_names_what_ran_where(caught.value, behaviour)
+    return caught.value
+
+
 def test_result_survives_a_spinner_frame_and_noise_on_stdout_and_stderr():
     assert run_one("noisy") == RECORD
 
@@ -50,23 +58,15 @@ def test_stdin_input_reaches_the_child():
 
 
 def test_malformed_result_is_a_channel_error_not_a_json_error():
-    with pytest.raises(channel.ChannelError, match="sent a malformed result") as caught:
-        run_one("malformed")
-    assert not isinstance(caught.value, ValueError)
-    assert_names_what_ran_where(caught.value, "malformed")
+    assert not isinstance(failure("malformed", "sent a malformed result"), ValueError)
 
 
 def test_unfinished_result_is_reported_as_such():
-    with pytest.raises(channel.ChannelError, match="left an unfinished result") as caught:
-        run_one("unfinished")
-    assert_names_what_ran_where(caught.value, "unfinished")
+    failure("unfinished", "left an unfinished result")
 
 
 def test_missing_result_is_an_error_quoting_what_the_child_printed():
-    with pytest.raises(channel.ChannelError, match="without sending a result") as caught:
-        run_one("silent")
-    assert "I printed but sent nothing" in caught.value.stdout_tail
-    assert_names_what_ran_where(caught.value, "silent")
+    assert "I printed but sent nothing" in failure("silent", "without sending a result").stdout_tail
 
 
 def test_two_results_where_one_was_expected_is_an_error():
@@ -76,28 +76,21 @@ def test_two_results_where_one_was_expected_is_an_error():
 
 
 def test_failing_child_is_an_error_with_its_exit_code_and_stderr_tail():
-    with pytest.raises(channel.ChannelError, match="exited with code 1") as caught:
-        run_one("failing")
-    assert caught.value.returncode == 1
-    assert "the child's own error message" in caught.value.stderr_tail
-    assert "about to fail" in str(caught.value)
-    assert_names_what_ran_where(caught.value, "failing")
+    error = failure("failing", "exited with code 1")
+    assert error.returncode == 1
+    assert "the child's own error message" in error.stderr_tail
+    assert "about to fail" in str(error)
 
 
 def test_child_killed_by_a_signal_is_named_by_the_signal():
-    with pytest.raises(channel.ChannelError, match="was killed by SIGKILL") as caught:
-        run_one("signal")
-    assert "dying by signal" in caught.value.stderr_tail
-    assert_names_what_ran_where(caught.value, "signal")
+    assert "dying by signal" in failure("signal", "was killed by SIGKILL").stderr_tail
 
 
 def test_child_past_its_timeout_is_killed_and_reported():
     started = time.monotonic()
-    with pytest.raises(channel.ChannelTimeout, match="within 2 s and was killed") as caught:
-        run_one("hang", timeout=2)
+    error = failure("hang", "within 2 s and was killed", channel.ChannelTimeout, timeout=2)
     assert time.monotonic() - started < 30
-    assert "hanging" in caught.value.stderr_tail
-    assert_names_what_ran_where(caught.value, "hang")
+    assert "hanging" in error.stderr_tail
 
 
 def test_stream_delivers_each_record_then_names_the_crash():
