@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from . import fsutil
-from .paths import cache_dir
+from .settings import cache_dir
 
 #: Words of the toy vocabulary; sentences are made only of these.
 WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "log", "big", "small", "red", "blue"]

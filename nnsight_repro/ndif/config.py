@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
-from .. import paths
-from ..paths import cache_dir
+from .. import settings
+from ..settings import cache_dir
 from . import server_packages
 from .generations import GENERATIONS, Generation
 
@@ -194,11 +194,11 @@ def default(folder: Optional[Path] = None, line: str = "0.8", extras=(), **overr
         raise ConfigError(str(exc)) from None
     overrides.setdefault("gpus", gen.gpus)
     for service in ("redis", "s3", "api"):
-        value = paths.setting(f"NDIF_{service.upper()}_PORT")
+        value = settings.setting(f"NDIF_{service.upper()}_PORT")
         if value and f"{service}_port" not in overrides:
             try:
                 overrides[f"{service}_port"] = int(value)
             except ValueError:
-                raise ConfigError(f"{paths.variable(f'NDIF_{service.upper()}_PORT')}={value!r} is not a port number.") from None
+                raise ConfigError(f"{settings.variable(f'NDIF_{service.upper()}_PORT')}={value!r} is not a port number.") from None
     name = "+".join([gen.folder_name, *extras])
     return StackConfig(folder=folder or cache_dir() / name, line=line, extras=extras, **overrides)

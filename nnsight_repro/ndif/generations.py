@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from .. import ROOT, paths
+from .. import ROOT, settings
 from . import deploy, server_packages
 
 ADAPTATIONS = "nnsight_repro.ndif.adaptations_0_1_2"
@@ -216,7 +216,7 @@ class Ndif012(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             # Ray workers inherit this, so they can import the adaptations module.
             "PYTHONPATH": str(ROOT),
-            **paths.HF_OFFLINE,
+            **settings.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             # An empty hub cache of our own: /status lists whatever it finds there as COLD models.
             "HF_HOME": str(cfg.folder / "hf_home"),
@@ -243,7 +243,7 @@ class Ndif012(Generation):
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
             # Where the CPU model actor records what it built (built_log).
-            paths.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
+            settings.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
         }
         if role == "ray":
             env.update(RAY_ENV)
@@ -304,7 +304,7 @@ class Ndif001(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             "PYTHONPATH": os.pathsep.join(path),
             "HOME": str(cfg.home),
-            **paths.HF_OFFLINE,
+            **settings.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "HF_HOME": str(cfg.folder / "hf_home"),
             # What `ndif start api` sets (DEV_MODE: no API keys, no version checks, no Postgres).
@@ -337,7 +337,7 @@ class Ndif001(Generation):
             # model actor records what it built.
             "RAY_OVERRIDE_RESOURCES": json.dumps(
                 {"GPU": cfg.gpus, "CPU": RAY_CPU_SLOTS, "cuda_memory_bytes": 8_000_000_000 * cfg.gpus}),
-            paths.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
+            settings.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
         }
         if role == "api":
             env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS

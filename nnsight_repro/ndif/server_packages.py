@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
-from ..paths import variable
+from ..settings import variable
 
 #: The variable that tells a server process what to import before it builds a model (set by :func:`environ`).
 IMPORTS_VARIABLE = variable("NDIF_SERVER_IMPORTS")

@@ -25,7 +25,7 @@ import time
 import traceback
 import warnings
 
-from nnsight_repro import channel, lines, models, paths
+from nnsight_repro import channel, lines, models, settings
 from nnsight_repro.ndif import socket_race
 
 LINE = lines.current()
@@ -211,7 +211,7 @@ def main() -> int:
         if "model" in probe:
             models.import_requirements(models.get(probe["model"]["panel"]))
     watch_statuses()
-    client = {"line": LINE.name, "env": paths.setting("ENV"), "python": sys.version.split()[0],
+    client = {"line": LINE.name, "env": settings.setting("ENV"), "python": sys.version.split()[0],
               **client_packages(["nnsight", "transformers", "torch", "multimolecule"])}
     # The client half first, so a client killed mid-probe still leaves its versions; the server's /env only
     # after the probes, which must each meet the server as a user's first request would.
