@@ -54,7 +54,7 @@ channel.send({"written": sorted(p.name for p in out.iterdir())})
 
 
 def probe_records() -> dict:
-    """``{file name: record}``: every probe record whose server is a stock one (refusals have no client line)."""
+    """``{file name: record}``: every probe record whose server is a stock one (refusals name no pairing)."""
     found = {}
     for path in sorted((RESULTS / "ndif_feasibility").glob("*.json")):
         record = json.loads(path.read_text())

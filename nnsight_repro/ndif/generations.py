@@ -380,7 +380,7 @@ GENERATIONS: Dict[str, Generation] = {
 class Pairing:
     """A client environment against a local stack generation whose server runs one nnsight build."""
 
-    #: Its one name: the probe script's client line (``--line``), and how results name it.
+    #: Its one name: the probe script's ``--pairing``, and how results name it.
     name: str
     #: The client's environment (its nnsight).
     client: str
@@ -396,7 +396,7 @@ class Pairing:
     #: Its role in ``ndif panel`` ("required" or "negative control"; None: not in the panel, whose server
     #: is always the generation's stock one).
     panel_role: Optional[str] = None
-    #: Whether the probe script runs it (a client line of ``probes.toml``).
+    #: Whether the probe script runs it (a pairing of ``probes.toml``'s expectations).
     probed: bool = True
 
     @property

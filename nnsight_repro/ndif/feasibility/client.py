@@ -1,6 +1,6 @@
 """The client half of the probe runner (:mod:`.runner`): runs validated probes with this interpreter's nnsight.
 
-Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
+Started by the runner in a pairing's client environment (inside the stack's namespace for the local NDIF),
 with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
 validated by :mod:`.declarations`) as JSON on stdin and sends one record per event through the result channel
 (:mod:`nnsight_repro.channel`; nnsight's own status display keeps stdout and stderr):
