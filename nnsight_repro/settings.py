@@ -28,7 +28,7 @@ SETTINGS = {
                   "in test order (benchmarks/bench_suite.py's baseline)",
     "ZOO_INJECT": "zoo tests: segfault=<unit>,hang=<unit> makes a worker die or hang at that unit",
     "NDIF_BUILT_LOG": "set by a stack for its server processes: where each model actor records what it built",
-    "NDIF_SERVER_IMPORTS": "set by a flavoured stack (--with) for its server processes: the packages imported "
+    "NDIF_SERVER_IMPORTS": "set by a stack with extras (--with) for its server processes: the packages imported "
                            "before a model is built (nnsight_repro/ndif/server_packages.py)",
     "NDIF_<SERVICE>_PORT": "a local NDIF stack's port for <SERVICE> (API, REDIS, S3, ...)",
 }

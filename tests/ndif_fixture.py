@@ -120,8 +120,8 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
         result["api_killed"] = kill_the_api(cfg)
         return result
 
-    (flavour,) = stack_args["extras"]
-    return panel.run_batch(stack_args["line"], CI_PANEL, 1, flavour=flavour, while_up=while_up)
+    (extra,) = stack_args["extras"]
+    return panel.run_batch(stack_args["line"], CI_PANEL, 1, extra=extra, while_up=while_up)
 
 
 def kill_the_api(cfg) -> dict:
@@ -156,12 +156,12 @@ PROBE_SCRIPT_TIMEOUT_S = 1800
 
 def probe_script(cfg, out) -> dict:
     """``probe_ndif.py`` run as a user runs it (no ``NDIF_HOST``) for every pairing the running stack
-    of ``cfg`` serves, every probe: the script finds that healthy stack of its flavour and uses it as it is,
+    of ``cfg`` serves, every probe: the script finds that healthy stack with its extras and uses it as it is,
     so the session starts no stack for the probes. Its records by pairing, its output, and whether the
     stack was still up after it."""
 
     pairings = [name for name, p in PROBED_PAIRINGS.items() if p.line == cfg.line and p.server == cfg.server]
-    flavour = "".join(f"+{name}" for name in cfg.extras)
+    suffix = "".join(f"+{name}" for name in cfg.extras)
     out.mkdir()
     environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
     with_flags = [flag for name in cfg.extras for flag in ("--with", name)]
@@ -183,7 +183,7 @@ def probe_script(cfg, out) -> dict:
             os.killpg(run.pid, signal.SIGKILL)
             raise
     return {"returncode": returncode, "stdout": stdout, "stderr": stderr,
-            "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{flavour}-2*.json"))]
+            "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{suffix}-2*.json"))]
                         for name in pairings},
             "stack_still_up": health.healthy(cfg)}
 

@@ -5,7 +5,7 @@ session's local stacks, one per generation, both with multimolecule, and sends e
 clients inside their namespaces: the upstream-0.8 pairing against the 0.8 stack (fixture ``ndif_stack``), the
 stock 0.7 server's two pairings against the 0.7 stack (fixture ``ndif07_stock``, which runs the script while its
 stack is up). The patched 0.7 server's pairing and servers without multimolecule are the committed records in
-results/ndif_feasibility (``probe_ndif.py`` against a stack of that flavour). Bad input must give a clear
+results/ndif_feasibility (``probe_ndif.py`` against a stack of that server build or without the extra). Bad input must give a clear
 message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
@@ -80,7 +80,7 @@ def probe_run(ndif_stack, tmp_path_factory):
     return result, out
 
 
-#: How the 0.8 run's records are named: pairing, then the server's flavours.
+#: How the 0.8 run's records are named: pairing, then the server's extras.
 PREFIX_08 = "upstream-0.8+multimolecule-"
 
 
@@ -123,14 +123,14 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
             assert f"[probe_ndif] {probe['id']}: RUNNING" in result.stdout
 
 
-# The multimolecule flavour: the RNA probes observe a remote trace ------------------------------------
+# The multimolecule extra: the RNA probes observe a remote trace --------------------------------------
 
 MULTIMOLECULE_PROBES = ("rnabert-masked-lm", "splicebert-masked-lm")
-#: The probes a flavour changes (declarations.depends_on_flavours), in the file's order: the RNA probes, and
+#: The probes an extra changes (declarations.depends_on_extras), in the file's order: the RNA probes, and
 #: the env probe, which compares multimolecule too.
-FLAVOUR_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
+EXTRA_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
 #: The pairings the session's stacks serve: the stock 0.7 server's two and 0.8's.
-FLAVOURED_PAIRINGS = ("main", "patched-client-only", "upstream-0.8")
+SERVED_PAIRINGS = ("main", "patched-client-only", "upstream-0.8")
 
 
 @pytest.fixture(scope="module")
@@ -142,13 +142,13 @@ def by_pairing(ndif07_stock, probe_run):
 
 
 def test_the_probe_runs_cover_every_pairing_the_stacks_serve_and_exit_zero(by_pairing, ndif07_stock):
-    assert sorted(by_pairing) == sorted(FLAVOURED_PAIRINGS)
+    assert sorted(by_pairing) == sorted(SERVED_PAIRINGS)
     assert all(len(found) == 1 for found in by_pairing.values()), {name: len(found) for name, found in by_pairing.items()}
     run = ndif07_stock["probes"]
     assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
 
 
-def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(by_pairing):
+def test_every_probe_run_with_the_multimolecule_extra_matches_its_declaration(by_pairing):
     for name, found in by_pairing.items():
         (record,) = found
         assert record["server_flavours"] == ["multimolecule"], name
@@ -156,7 +156,7 @@ def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(by
         assert not mismatched, name
 
 
-def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(by_pairing):
+def test_rna_probes_trace_remotely_with_the_multimolecule_extra_and_both_fixes(by_pairing):
     for name in ("patched-client-only", "upstream-0.8"):
         (record,) = by_pairing[name]
         observed = {p["id"]: p["observed"] for p in record["probes"]}
@@ -165,14 +165,14 @@ def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(
             assert observed[probe_id]["statuses"][-1] == "COMPLETED", (name, observed[probe_id])
 
 
-def test_the_stock_client_still_fails_to_provision_rna_models_on_the_multimolecule_flavour(by_pairing):
+def test_the_stock_client_still_fails_to_provision_rna_models_with_the_multimolecule_extra(by_pairing):
     (record,) = by_pairing["main"]
     observed = {p["id"]: p["observed"] for p in record["probes"]}
     for probe_id in MULTIMOLECULE_PROBES:
         assert "error provisioning the model deployment" in observed[probe_id]["message"], observed[probe_id]
 
 
-def test_a_flavours_expectation_replaces_expect_only_for_the_pairings_it_names():
+def test_an_extras_expectation_replaces_expect_only_for_the_pairings_it_names():
     from nnsight_repro.ndif.feasibility import declarations
 
     (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
@@ -181,17 +181,17 @@ def test_a_flavours_expectation_replaces_expect_only_for_the_pairings_it_names()
     assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
-def test_the_probes_a_flavour_changes_declare_an_outcome_for_it_or_name_a_package_it_installs():
+def test_the_probes_an_extra_changes_declare_an_outcome_for_it_or_name_a_package_it_installs():
     from nnsight_repro.ndif.feasibility import declarations
 
     probes = declarations.load_probes(PROBES)
-    for flavour in ("multimolecule", "multimolecule-patched"):
-        changed = [p["id"] for p in probes if declarations.depends_on_flavours(p, (flavour,))]
-        assert changed == list(FLAVOUR_CHANGES), flavour
-    assert not [p["id"] for p in probes if declarations.depends_on_flavours(p, ())]
+    for extra in ("multimolecule", "multimolecule-patched"):
+        changed = [p["id"] for p in probes if declarations.depends_on_extras(p, (extra,))]
+        assert changed == list(EXTRA_CHANGES), extra
+    assert not [p["id"] for p in probes if declarations.depends_on_extras(p, ())]
 
 
-def test_a_flavour_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
+def test_an_extra_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
     from nnsight_repro.ndif.feasibility import declarations
 
     (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
@@ -322,14 +322,14 @@ def test_expectation_for_an_unknown_pairing_is_refused(tmp_path):
     assert "unknown pairing(s) nightly" in result.stderr
 
 
-def test_expectation_for_an_unknown_server_flavour_is_refused(tmp_path):
+def test_expectation_for_an_unknown_extra_is_refused(tmp_path):
     bad = probe_file(tmp_path, CONTROL + '[probe.expect_with.nightly]\n"upstream-0.8" = "ok"\n')
     result = run_script("--probes", str(bad), "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path / "out")
     assert result.returncode == 2
-    assert "expect_with.nightly: unknown server flavour (flavours: multimolecule, multimolecule-patched)" in result.stderr
+    assert "expect_with.nightly: unknown extra (extras: multimolecule, multimolecule-patched)" in result.stderr
 
 
-def test_unknown_server_flavour_on_the_command_line_is_refused(tmp_path):
+def test_unknown_extra_on_the_command_line_is_refused(tmp_path):
     result = run_script("--with", "nightly", "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path)
     assert result.returncode == 2
     assert "`--with` takes: multimolecule" in result.stderr

@@ -35,8 +35,8 @@ KINDS = {
     "trace": {"required": {"model", "select", "input", "hook"}, "optional": {"requires"}},
 }
 COMMON = {"id", "isolates", "kind", "expect"}
-#: Optional on every kind: ``expect_with.<flavour>.<pairing>``, what a pairing observes when its
-#: server has that flavour's packages (``probe_ndif.py --with``), where it differs from ``expect``.
+#: Optional on every kind: ``expect_with.<extra>.<pairing>``, what a pairing observes when its
+#: server has that extra's packages (``probe_ndif.py --with``), where it differs from ``expect``.
 OPTIONAL = {"expect_with"}
 MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
 
@@ -109,56 +109,56 @@ def validate_expect_with(name: str, expect_with) -> None:
     from nnsight_repro.ndif import server_packages
 
     if not isinstance(expect_with, dict):
-        raise ProbeFileError(f"{name}: 'expect_with' must map server flavours to {{pairing = outcome}}")
-    for flavour, by_pairing in expect_with.items():
-        if flavour not in server_packages.FLAVOURS:
-            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown server flavour "
-                                 f"(flavours: {', '.join(server_packages.FLAVOURS)})")
+        raise ProbeFileError(f"{name}: 'expect_with' must map extras to {{pairing = outcome}}")
+    for extra, by_pairing in expect_with.items():
+        if extra not in server_packages.EXTRAS:
+            raise ProbeFileError(f"{name}: expect_with.{extra}: unknown extra "
+                                 f"(extras: {', '.join(server_packages.EXTRAS)})")
         if not isinstance(by_pairing, dict) or not by_pairing:
-            raise ProbeFileError(f"{name}: expect_with.{flavour} must map pairings to outcomes")
+            raise ProbeFileError(f"{name}: expect_with.{extra} must map pairings to outcomes")
         unknown = set(by_pairing) - set(PROBED_PAIRINGS)
         if unknown:
-            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown pairing(s) {', '.join(sorted(unknown))} "
+            raise ProbeFileError(f"{name}: expect_with.{extra}: unknown pairing(s) {', '.join(sorted(unknown))} "
                                  f"(pairings: {', '.join(PROBED_PAIRINGS)})")
         for pairing, value in by_pairing.items():
-            validate_expectation(f"{name} expect_with.{flavour}.{pairing}", value)
+            validate_expectation(f"{name} expect_with.{extra}.{pairing}", value)
 
 
-def _installs(flavour: str) -> tuple:
+def _installs(extra: str) -> tuple:
     from nnsight_repro.ndif import server_packages
 
-    return server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
+    return server_packages.EXTRAS[extra].imports if extra in server_packages.EXTRAS else ()
 
 
-def _flavour_entry(probe: dict, flavour: str) -> dict:
-    """``probe``'s ``expect_with`` entry for ``flavour``: its own, else the one named after a package it
+def _extra_entry(probe: dict, extra: str) -> dict:
+    """``probe``'s ``expect_with`` entry for ``extra``: its own, else the one named after a package it
     installs (the probes declare what a server with the package does, and ``multimolecule-patched`` has
     multimolecule too), else none."""
     declared = probe.get("expect_with", {})
-    return declared.get(flavour) or next((declared[m] for m in _installs(flavour) if m in declared), {})
+    return declared.get(extra) or next((declared[m] for m in _installs(extra) if m in declared), {})
 
 
-def expectation(probe: dict, pairing: str, flavours=()):
-    """What ``probe`` expects of ``pairing`` against a server with the packages of ``flavours``: a
-    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``."""
+def expectation(probe: dict, pairing: str, extras=()):
+    """What ``probe`` expects of ``pairing`` against a server with the packages of ``extras``: an
+    extra's own expectation where it gives one (the last extra named that does), else ``expect``."""
     expected = probe["expect"][pairing]
-    for flavour in flavours:
-        expected = _flavour_entry(probe, flavour).get(pairing, expected)
+    for extra in extras:
+        expected = _extra_entry(probe, extra).get(pairing, expected)
     return expected
 
 
-def depends_on_flavours(probe: dict, flavours) -> bool:
-    """Whether a run of ``probe`` against a server with one of ``flavours`` tells something a run against a
-    plain server of the same line does not: it declares an outcome of its own for the flavour (an entry
+def depends_on_extras(probe: dict, extras) -> bool:
+    """Whether a run of ``probe`` against a server with one of ``extras`` tells something a run against a
+    plain server of the same line does not: it declares an outcome of its own for the extra (an entry
     counts for every pairing, also those it leaves to ``expect``: that the stock 0.7.0 client still
-    fails there is what the flavour's run shows of it), or it names a package the flavour installs (what a
-    trace ``requires``, what an env probe compares: the flavour's server has that package, a plain one not).
+    fails there is what the extra's run shows of it), or it names a package the extra installs (what a
+    trace ``requires``, what an env probe compares: a server with the extra has that package, a plain one not).
 
     Deliberately not counted: a probe that declares the same outcome everywhere and names none of the
-    flavour's packages, although the flavour's server imports those packages in every process that builds
+    extra's packages, although a server with the extra imports those packages in every process that builds
     a model; an encoder traced there is left to whatever else runs on that server."""
     named = set(probe.get("requires", [])) | set(probe.get("packages", []))
-    return any(_flavour_entry(probe, flavour) or named & set(_installs(flavour)) for flavour in flavours)
+    return any(_extra_entry(probe, extra) or named & set(_installs(extra)) for extra in extras)
 
 
 def select(probes: List[dict], text: str) -> List[dict]:

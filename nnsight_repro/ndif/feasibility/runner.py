@@ -27,10 +27,10 @@ brought it up. An unreachable host, or a local stack that does not come up, is r
 probe's outcome (exit 1). A given host serves every pairing's client as it is; the expectations are those of
 the local pairings.
 
-``--with FLAVOUR`` (as ``ndif up --with``): the server has that flavour's packages. Locally, each client
-line is served by its stack of that flavour (a folder and namespace of its own, :func:`config.default`),
-and every probe is judged by its ``expect_with.<flavour>`` expectation where it declares one
-(:func:`.declarations.expectation`); the results are named ``<pairing>+<flavour>-<date>``.
+``--with EXTRA`` (as ``ndif up --with``): the server has that extra's packages. Locally, each pairing
+is served by its stack with that extra (a folder and namespace of its own, :func:`config.default`),
+and every probe is judged by its ``expect_with.<extra>`` expectation where it declares one
+(:func:`.declarations.expectation`); the results are named ``<pairing>+<extra>-<date>``.
 
 ``--line`` was this option's old spelling: it is refused (exit 2) with the new one's name, since "line" now
 means an nnsight release line only (``0.7``, ``0.8``).
@@ -264,6 +264,7 @@ def markdown(record: dict) -> str:
     out = [f"# NDIF feasibility: pairing `{record['client_line']}`", "",
            f"- made by `{made['command']}` on {made['host']} at {made['date']}",
            f"- server: {server['url']} ({server['kind']}; {server['generation']}"
+           # "flavours": the extras under the old word, which the records keep (see pairing_record).
            + "".join(f", with {name}" for name in server.get("flavours", [])) + ")",
            f"- local server: {json.dumps(server.get('local'))}",
            f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
@@ -303,9 +304,9 @@ def parser() -> argparse.ArgumentParser:
                         help=f"client x server pairing(s), comma-separated (default: all): "
                              f"{', '.join(PROBED_PAIRINGS)}")
     parser.add_argument("--line", action=OldSpelling, nargs="?", help=argparse.SUPPRESS)
-    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
-                        help="the server has this flavour's packages (repeatable; as `ndif up --with`): "
-                             "local stacks of that flavour, and each probe's expect_with.<flavour>")
+    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="EXTRA",
+                        help="the server has this extra's packages (repeatable; as `ndif up --with`): "
+                             "local stacks with that extra, and each probe's expect_with.<extra>")
     parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"directory for the records, <pairing>-<stamp>.json and .md "
@@ -328,8 +329,9 @@ def pairing_record(pairing: str, probes: List[dict], extras: tuple, observed: di
     """One pairing's record: each probe's expectation beside what was observed (its keys in the order
     the records have always had; the caller adds ``seconds`` and ``provenance``).
 
-    The keys keep their old words (``client_line`` for the pairing, ``server_flavours`` for the extras), so
-    new records compare with the committed ones and their readers need one spelling."""
+    The keys keep their old words (``client_line`` for the pairing, ``server_flavours`` for the extras, and
+    the provenance's ``server.flavours``), so new records compare with the committed ones and their readers
+    need one spelling."""
     rows = []
     for probe in probes:
         expected = expectation(probe, pairing, extras)
@@ -366,8 +368,8 @@ def main(argv=None) -> int:
         probes = load_probes(args.probes)
         if args.probe is not None:
             probes = select(probes, args.probe)
-        extras = tuple(f.name for f in server_packages.flavours(args.extras))
-    except (ProbeFileError, server_packages.FlavourError) as exc:
+        extras = tuple(f.name for f in server_packages.extras(args.extras))
+    except (ProbeFileError, server_packages.ExtraError) as exc:
         return refuse(str(exc), EXIT_BAD_INPUT)
 
     url = args.host or os.environ.get("NDIF_HOST")
