@@ -376,7 +376,7 @@ RNA_PANEL: Dict[str, PanelModel] = {
         # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU. The fix, for upstream:
         # patches/multimolecule-v0.2.2/0002-build-the-sinusoidal-position-table-in-the-default-d.patch
         # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released, and
-        # with the fix with the multimolecule-patched extra.
+        # with the fix on a server with the multimolecule-patched extra.
         _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,
                        fails_in_bfloat16=BF16_MIXED_DTYPE, bfloat16_fix="multimolecule-v0.2.2"),
         _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),

@@ -5,8 +5,8 @@ session's local stacks, one per generation, both with multimolecule, and sends e
 clients inside their namespaces: the upstream-0.8 pairing against the 0.8 stack (fixture ``ndif_stack``), the
 stock 0.7 server's two pairings against the 0.7 stack (fixture ``ndif07_stock``, which runs the script while its
 stack is up). The patched 0.7 server's pairing and servers without multimolecule are the committed records in
-results/ndif_feasibility (``probe_ndif.py`` against a stack of that server build or without the extra). Bad input must give a clear
-message, a recorded outcome and a non-zero exit.
+results/ndif_feasibility (``probe_ndif.py`` against a stack of that server build or without the extra). Bad
+input must give a clear message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.

@@ -72,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="cap the memory of every process of the stack at MIB (its memory cgroup); without it the "
                         "stack is uncapped, and an OOM kill is reported as one either way")
     u.add_argument("--server", default="stock", choices=["stock", "patched"],
-                   help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
+                   help="0.7 stack: the server build (the server's nnsight), stock 0.7.0 or the project's patched "
+                        "build (default stock)")
     stack_options(action("down", "stop everything `up` started and delete the namespace"))
     s = stack_options(action("status", "what runs, and each model's deployment level"))
     s.add_argument("--json", action="store_true", help="print the status report as JSON")

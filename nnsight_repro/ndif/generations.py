@@ -114,7 +114,8 @@ class Generation:
     min_gpus: int
     #: What ``up`` deploys unless told otherwise.
     served: Tuple[str, ...]
-    #: The server builds (which nnsight the server runs) it can run: the release first (0.0.1: the project's ``patched`` build too).
+    #: Its server builds (which nnsight the server runs): the release first (0.0.1: the project's ``patched``
+    #: build too).
     servers: tuple = ("stock",)
     #: How far a remote value may be from the client's local float32 one (see :data:`BF16_ATOL`).
     atol: float = 0.0

@@ -16,7 +16,8 @@ and one JSON per pairing written atomically to ``results/ndif_feasibility/`` wit
 it. Exit 0 only when every observation matched.
 
 Pairings (``--pairing``; :data:`.declarations.PROBED_PAIRINGS`, default: all; the probed ones of
-:data:`nnsight_repro.ndif.generations.PAIRINGS`) pair a client with the local server that serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
+:data:`nnsight_repro.ndif.generations.PAIRINGS`) pair a client with the local server that serves it:
+``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
 ``patched-client-only`` (the series on the client, a stock 0.7.0 server: what a researcher gets against
 today's NDIF) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
 
