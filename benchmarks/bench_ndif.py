@@ -5,7 +5,7 @@
     python3 benchmarks/bench_ndif.py --line 0.7            # 0.7 stack (ndif 0.0.1), patched server, patched client
     python3 benchmarks/bench_ndif.py --line 0.7 --server stock --models gpt2   # stock server, stock (main) client
     python3 benchmarks/bench_ndif.py --json results/benchmarks/ndif.json
-    python3 benchmarks/bench_ndif.py --with multimolecule  # the multimolecule flavour: a whole panel batch of RNA models
+    python3 benchmarks/bench_ndif.py --with multimolecule  # the multimolecule extra: a whole panel batch of RNA models
 
 Cold start: from nothing of the server running (a new namespace, wiped logs and Ray temp dir; the cached
 environments and model keys already made, and the time that took printed apart) through ``nnsight-repro
@@ -19,15 +19,18 @@ overhead: the same trace of each model, remote and local, ``--repeat`` times eac
 after one untimed warm-up of each; the ratio is median remote / median local.
 
 On the 0.7 stack the models are deployed the same way, under the keys of the client that matches the
-server flavour: ``main`` (stock nnsight 0.7.0) against the stock server, ``patched`` against the patched
+server build: ``main`` (stock nnsight 0.7.0) against the stock server, ``patched`` against the patched
 one (masked LMs work only on the latter); its first client waits for the controller to list a node, and
 its request then waits for the model if it is still loading.
 
-With ``--with multimolecule`` the stack is that flavour's (its own folder and namespace) and the default
+With ``--with multimolecule`` the stack is the one with that extra (its own folder and namespace) and the default
 models are one batch of the panel's RNA models (``ndif panel``'s batch size, all deployed at start); after
 the warm traces, every process's resident memory in the namespace and each model actor's
 (``panel.stack_memory``), and how many such actors the machine's memory would hold beside the rest of the
 stack.
+
+The record's ``server`` keeps the old word "flavour" in two keys, ``nnsight_flavour`` (the server build) and
+``flavours`` (the extras), so new records compare with the committed ones and their readers need one spelling.
 
 Needs root (network namespace). Refuses to run while a stack is up for this cache, so the start is cold,
 and always takes the stack down at the end. Not a test: on two shared cores the numbers move with load,
@@ -111,8 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="cold starts, each from nothing (the bar is judged on their median)")
     parser.add_argument("--repeat", type=int, default=10, help="warm traces per model, remote and local each")
-    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
-                        help="the server flavour's stack (as `ndif up --with`); default models: one panel batch "
+    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="EXTRA",
+                        help="the stack with this extra (as `ndif up --with`); default models: one panel batch "
                              "of its RNA models")
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nnsight_repro import envs, paths, provenance, uvtool  # noqa: E402
+from nnsight_repro import envs, provenance, settings, uvtool  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS, TOOL_ENVS  # noqa: E402
 
 SERVERS = ["ndif-server", "ndif-server-0.7"]
@@ -127,7 +127,7 @@ def ratios(results: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default=str(paths.cache_dir().parent / "nnsight-repro-bench"),
+    parser.add_argument("--base", default=str(settings.cache_dir().parent / "nnsight-repro-bench"),
                         help="where the scratch caches go (same file system as the cache)")
     parser.add_argument("--only", default="serial,parallel,pip", help="comma-separated: serial,parallel,pip")
     parser.add_argument("--readme", action="store_true", help="also time the two README commands from nothing")

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from bench_setup import run  # noqa: E402  (beside this file; it puts the project on the path)
 from cpu_use import CpuUse  # noqa: E402
-from nnsight_repro import cli, envs, paths, provenance  # noqa: E402
+from nnsight_repro import cli, envs, provenance, settings  # noqa: E402
 from nnsight_repro.lane import MODES  # noqa: E402
 
 #: Issue 19's bar for the warm test command, printed as a ratio beside the measurement.
@@ -49,8 +49,8 @@ def one_run(mode: str, log: Path) -> dict:
     """One warm test command in ``mode``; a run that fails is recorded as failed and the bench goes on."""
     try:
         with CpuUse() as use:
-            measured = run([sys.executable, "-m", "nnsight_repro", "test"], paths.cache_dir(),
-                           {"CI": "true", paths.variable("STACK_LANE"): mode}, log=log)
+            measured = run([sys.executable, "-m", "nnsight_repro", "test"], settings.cache_dir(),
+                           {"CI": "true", settings.variable("STACK_LANE"): mode}, log=log)
     except SystemExit as exc:  # bench_setup.run's way of saying the command exited non-zero
         return {"mode": mode, "failed": str(exc)[-2000:], "log": str(log), "cpu": use.record()}
     closing = CLOSING.findall(log.read_text())
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}; "
                         "the ahead / on-demand ratio needs both")
-    parser.add_argument("--logs", default=str(paths.cache_dir() / "bench-suite"), help="each run's output")
+    parser.add_argument("--logs", default=str(settings.cache_dir() / "bench-suite"), help="each run's output")
     parser.add_argument("--json", help="also write the record here (after every run)")
     args = parser.parse_args(argv)
     modes = [mode for mode in MODES if mode in args.modes.split(",")]

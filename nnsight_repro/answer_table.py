@@ -183,7 +183,7 @@ def _fixed_public(name: str, s: dict) -> Cell:
     if not _all_ok(rows):
         return Cell("no", _failure(rows), "L")
     if not control and _rebuild_without_package(s["verify"], name) is not True:
-        # Seen only on a multimolecule-flavoured stack: a plain server is not shown to build it.
+        # Seen only on a stack with the multimolecule extra: a plain server is not shown to build it.
         return NOT_MEASURED
     return Cell("yes", _built(rows), "L" if control else "L, O")
 

@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Union
 
-from . import paths
+from . import settings
 
 #: The variable naming the result file; set by the parent for each child, read by :func:`send`.
-RESULT_FILE = paths.variable("RESULT_FILE")
+RESULT_FILE = settings.variable("RESULT_FILE")
 #: Lines of a child's stderr (and stdout) quoted in an error.
 TAIL_LINES = 20
 

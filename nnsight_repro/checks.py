@@ -38,7 +38,7 @@ import traceback
 import warnings
 from typing import Callable, Dict, List
 
-from . import channel, models, paths
+from . import channel, models, settings
 
 CHECKS: List[str] = ["synthesized_classes", "serializer_round_trip", "remote_local", "remote_key", "embedding_shift"]
 #: Checks run only when named: each costs a fresh interpreter (shared by all models of one run).
@@ -291,10 +291,10 @@ def rebuild_job(subject: Subject) -> list:
 
 def rebuild_without_package(jobs: List[list]) -> Dict[str, dict]:
     """One fresh interpreter rebuilds every queued key (starting one costs seconds: nnsight, transformers)."""
-    where = paths.setting("ENV") or sys.prefix
+    where = settings.setting("ENV") or sys.prefix
     # A module of its own (nnsight_repro.rebuild_key), so the rebuild imports only nnsight and transformers.
     found = channel.run_one([sys.executable, "-m", "nnsight_repro.rebuild_key"], input=json.dumps(jobs),
-                            env={**os.environ, **paths.HF_OFFLINE}, timeout=600,
+                            env={**os.environ, **settings.HF_OFFLINE}, timeout=600,
                             what=f"a fresh interpreter of the {where!r} environment (rebuilding keys as a server would)")
     imported = found.pop("_imported")
     results = {}
@@ -345,7 +345,7 @@ def environment() -> dict:
     from . import lines
 
     return {
-        "env": paths.setting("ENV", ""),
+        "env": settings.setting("ENV", ""),
         "line": lines.current().name,
         "python": platform.python_version(),
         "nnsight": version("nnsight"),

@@ -26,8 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import fsutil, paths
-from .paths import cache_dir
+from . import fsutil, settings
+from .settings import cache_dir
 
 #: Bump when the way the checkpoint is written changes (its inputs below are part of :func:`key` already).
 VERSION = 1
@@ -121,7 +121,7 @@ def built(cache: Path) -> bool:
 
 def environ(env_name: str = "main") -> dict:
     """The variables that make transformers find the checkpoint offline, built first if missing."""
-    return {"HF_HUB_CACHE": str(ensure(env_name)), **paths.HF_OFFLINE}
+    return {"HF_HUB_CACHE": str(ensure(env_name)), **settings.HF_OFFLINE}
 
 
 def ensure(env_name: str = "main") -> Path:
@@ -138,7 +138,7 @@ def ensure(env_name: str = "main") -> Path:
     if Path(found["hub_cache"]) != cache or not built(cache):
         raise RuntimeError(f"The {env_name!r} environment says it built {found['hub_cache']}, but {cache} is not "
                            f"there: the child and this process disagree on the project cache. Fix: run both with "
-                           f"the same {paths.variable('CACHE')}.")
+                           f"the same {settings.variable('CACHE')}.")
     return cache
 
 

@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import ROOT, channel, paths
+from . import ROOT, channel, settings
 
 #: What ``NNSIGHT_REPRO_STACK_LANE`` may say: start the jobs ahead (the default), or each when first asked for.
 MODES = ("ahead", "on-demand")
@@ -47,9 +47,9 @@ MODES = ("ahead", "on-demand")
 
 def mode() -> str:
     """The lane's mode this session; anything else is refused, naming the variable and its values."""
-    chosen = paths.setting("STACK_LANE", MODES[0])
+    chosen = settings.setting("STACK_LANE", MODES[0])
     if chosen not in MODES:
-        raise LaneError(f"{paths.variable('STACK_LANE')}={chosen!r} is not a mode of the live-stack lane: "
+        raise LaneError(f"{settings.variable('STACK_LANE')}={chosen!r} is not a mode of the live-stack lane: "
                         f"use {' or '.join(MODES)}.")
     return chosen
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from . import fsutil
-from .paths import cache_dir
+from .settings import cache_dir
 
 #: Words of the toy vocabulary; sentences are made only of these.
 WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "log", "big", "small", "red", "blue"]
@@ -78,8 +78,8 @@ class PanelModel:
     #: What the model's forward raises when it is loaded in bfloat16, as NDIF loads models by default;
     #: None: it runs (``tests/test_upstream_repros.py`` loads every panel model so and checks this).
     fails_in_bfloat16: str | None = None
-    #: The fix series (``patches/<name>``) under which it runs in bfloat16 (a server flavour applies it:
-    #: ``ndif.server_packages.Flavour.series``).
+    #: The fix series (``patches/<name>``) under which it runs in bfloat16 (an extra applies it:
+    #: ``ndif.server_packages.Extra.series``).
     bfloat16_fix: str | None = None
 
     def config_for(self, layers: int | None = None):
@@ -376,7 +376,7 @@ RNA_PANEL: Dict[str, PanelModel] = {
         # the sum float32, which the bfloat16 LayerNorm after it refuses on the CPU. The fix, for upstream:
         # patches/multimolecule-v0.2.2/0002-build-the-sinusoidal-position-table-in-the-default-d.patch
         # (tests/test_upstream_repros.py runs it); the panel serves multimolecule 0.2.2 as released, and
-        # with the fix on the multimolecule-patched server flavour.
+        # with the fix on a server with the multimolecule-patched extra.
         _multimolecule("ernierna", "ErnieRna", "ErnieRnaConfig", _rna_tokenizer(), seed=5,
                        fails_in_bfloat16=BF16_MIXED_DTYPE, bfloat16_fix="multimolecule-v0.2.2"),
         _multimolecule("utrlm", "UtrLm", "UtrLmConfig", _rna_tokenizer(), seed=6),

@@ -5,7 +5,7 @@ error text a client receives for each failure where a live run recorded it, what
 (:data:`BUGS`) and the one thing that removes it (:data:`FIXES`).
 
 Two callers give it facts: ``ndif.panel.predicted`` from what each panel model declares
-(:class:`nnsight_repro.models.PanelModel`) and the server flavour it runs on, and ``preflight`` from a
+(:class:`nnsight_repro.models.PanelModel`) and the server (with its extra) it runs on, and ``preflight`` from a
 checkpoint's module tree built on the meta device and from the server's ``/env``. The tests hold both
 against the committed live runs (``tests/test_ndif_panel.py``, ``tests/test_preflight.py``).
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import envs, fsutil, uvtool
-from .paths import cache_dir
+from .settings import cache_dir
 
 
 class OverlayError(Exception):

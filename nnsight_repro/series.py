@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-from . import ROOT, paths
+from . import ROOT, settings
 
 #: ``NNSIGHT_REPRO_PATCHES`` points elsewhere, e.g. at an emptied series to
 #: show that the negative control then fails.
-PATCHES = Path(paths.setting("PATCHES") or ROOT / "patches").resolve()
+PATCHES = Path(settings.setting("PATCHES") or ROOT / "patches").resolve()
 
 
 class SeriesError(Exception):

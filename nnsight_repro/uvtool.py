@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-from . import fsutil, paths
-from .paths import cache_dir
+from . import fsutil, settings
+from .settings import cache_dir
 
 VERSION = "0.13.8"
 #: The uv 0.13.8 wheels of the platforms the project has run on (PyPI's files; uv's own wheels are
@@ -53,7 +53,7 @@ def cache() -> Path:
 
 def binary() -> Path:
     """The uv binary: ``NNSIGHT_REPRO_UV``, else the pinned release, installed into the cache on first use."""
-    configured = paths.setting("UV")
+    configured = settings.setting("UV")
     if configured:
         path = Path(configured)
         if not os.access(path, os.X_OK):
@@ -154,7 +154,7 @@ def command(*args: str) -> List[str]:
     if args[:1] == ("build",) or args[:2] in (("pip", "install"), ("pip", "sync"), ("pip", "compile")):
         for location in pip_find_links():
             links += ["--find-links", location]
-    if paths.setting("OFFLINE") and args[:1] in (("pip",), ("build",), ("venv",)):
+    if settings.setting("OFFLINE") and args[:1] in (("pip",), ("build",), ("venv",)):
         links.append("--offline")  # build from what the uv cache already holds; never touch the network
     return [str(binary()), *args, *links]
 

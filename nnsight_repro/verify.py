@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import envs, fsutil, provenance, series
 from .envs import sdists
-from .paths import cache_dir
+from .settings import cache_dir
 
 SCHEMA = "nnsight-repro/verify/3"
 #: The packages of an environment block that ``provenance.versions`` lists.

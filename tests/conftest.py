@@ -6,7 +6,7 @@ between nnsight lines comes from ``nnsight_repro.lines``.
 
 import os
 
-from nnsight_repro.paths import HF_OFFLINE
+from nnsight_repro.settings import HF_OFFLINE
 
 # Before transformers is imported anywhere: nothing may reach the hub.
 for name, value in HF_OFFLINE.items():

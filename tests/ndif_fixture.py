@@ -41,7 +41,7 @@ from envoy_subclass_cases import run_live
 from nnsight_repro import ROOT, procfs
 from nnsight_repro.ndif import (config, errors, health, memcg, memory_watch, negative_control, netns, panel, server_env,
                                 server_packages, stack, stack_clients, stack_state)
-from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
+from nnsight_repro.ndif.feasibility.declarations import PROBED_PAIRINGS
 
 
 @dataclass
@@ -96,7 +96,7 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
     (:func:`nnsight_repro.ndif.panel.run_batch`), then, while that stack is up (``result["while_up"]``), the
     negative-control pairings, a second ``up`` (refused), Ray clients connecting as the API does, a user's
     ``__main__`` Envoy subclass from the stock and the fixed client (``envoy_subclass_cases.run_live``), the
-    probe script's client lines this server serves and, last, since it breaks the stack, its API killed
+    probe script's pairings this server serves and, last, since it breaks the stack, its API killed
     (:func:`kill_the_api`). The stack is down on return.
 
     Not here: the patched server nnsight (every client x server pairing is :mod:`tests.test_wire`'s, offline,
@@ -120,8 +120,8 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
         result["api_killed"] = kill_the_api(cfg)
         return result
 
-    (flavour,) = stack_args["extras"]
-    return panel.run_batch(stack_args["line"], CI_PANEL, 1, flavour=flavour, while_up=while_up)
+    (extra,) = stack_args["extras"]
+    return panel.run_batch(stack_args["line"], CI_PANEL, 1, extra=extra, while_up=while_up)
 
 
 def kill_the_api(cfg) -> dict:
@@ -155,19 +155,19 @@ PROBE_SCRIPT_TIMEOUT_S = 1800
 
 
 def probe_script(cfg, out) -> dict:
-    """``probe_ndif.py`` run as a user runs it (no ``NDIF_HOST``) for every client line the running stack
-    of ``cfg`` serves, every probe: the script finds that healthy stack of its flavour and uses it as it is,
-    so the session starts no stack for the probes. Its records by client line, its output, and whether the
+    """``probe_ndif.py`` run as a user runs it (no ``NDIF_HOST``) for every pairing the running stack
+    of ``cfg`` serves, every probe: the script finds that healthy stack with its extras and uses it as it is,
+    so the session starts no stack for the probes. Its records by pairing, its output, and whether the
     stack was still up after it."""
 
-    client_lines = [name for name, line in CLIENT_LINES.items() if line.line == cfg.line and line.server == cfg.server]
-    flavour = "".join(f"+{name}" for name in cfg.extras)
+    pairings = [name for name, p in PROBED_PAIRINGS.items() if p.line == cfg.line and p.server == cfg.server]
+    suffix = "".join(f"+{name}" for name in cfg.extras)
     out.mkdir()
     environ = {k: v for k, v in os.environ.items() if k not in {"NDIF_HOST", "NDIF_API_KEY"}}
     with_flags = [flag for name in cfg.extras for flag in ("--with", name)]
     # Its own session, so a timeout kills the script's clients with it.
     with subprocess.Popen([sys.executable, str(ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"), *with_flags,
-                           "--line", ",".join(client_lines), "--out", str(out)],
+                           "--pairing", ",".join(pairings), "--out", str(out)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, cwd=ROOT,
                           start_new_session=True) as run:
         try:
@@ -183,8 +183,8 @@ def probe_script(cfg, out) -> dict:
             os.killpg(run.pid, signal.SIGKILL)
             raise
     return {"returncode": returncode, "stdout": stdout, "stderr": stderr,
-            "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{flavour}-2*.json"))]
-                        for name in client_lines},
+            "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{suffix}-2*.json"))]
+                        for name in pairings},
             "stack_still_up": health.healthy(cfg)}
 
 

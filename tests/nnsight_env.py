@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import paths
+from nnsight_repro import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = "patched"
-VARIABLE = paths.variable("TEST_ENV")
+VARIABLE = settings.variable("TEST_ENV")
 
 def pytest_addoption(parser):
     parser.addoption("--nnsight-env", default=None, metavar="NAME",
@@ -34,7 +34,7 @@ def pytest_addoption(parser):
 def chosen(config):
     """The environment to move into, or None to run here."""
     named = config.getoption("--nnsight-env") or os.environ.get(VARIABLE) or None
-    inside = paths.setting("ENV")
+    inside = settings.setting("ENV")
     if inside:
         if named and named != inside:
             raise pytest.UsageError(f"This interpreter is the {inside!r} environment; run pytest from a "

@@ -5,7 +5,7 @@ import re
 
 from nnsight_repro import ROOT
 from nnsight_repro.ndif import config, generations, negative_control, panel
-from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
+from nnsight_repro.ndif.feasibility.declarations import PROBED_PAIRINGS
 
 
 def test_each_generation_names_its_clients_and_the_one_that_speaks_for_each_server_build():
@@ -21,7 +21,7 @@ def test_the_panel_the_negative_control_and_the_probe_script_derive_their_pairin
         "0.8": [("upstream-0.8", "required")], "0.7": [("patched", "required"), ("main", "negative control")]}
     assert {server: list(clients) for server, clients in negative_control.PAIRINGS.items()} == {
         "stock": ["main", "patched"], "patched": ["main", "patched"]}
-    assert {name: (p.client, p.line, p.server) for name, p in CLIENT_LINES.items()} == {
+    assert {name: (p.client, p.line, p.server) for name, p in PROBED_PAIRINGS.items()} == {
         "main": ("main", "0.7", "stock"), "patched": ("patched", "0.7", "patched"),
         "patched-client-only": ("patched", "0.7", "stock"), "upstream-0.8": ("upstream-0.8", "0.8", "stock")}
 

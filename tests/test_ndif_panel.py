@@ -1,4 +1,4 @@
-"""The panel command and the server flavours, offline: what decides a record, and bad input.
+"""The panel command and the extras, offline: what decides a record, and bad input.
 
 The live runs are in tests/test_remote_ndif.py and tests/test_remote_ndif_07.py (their multimolecule
 sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose real run is committed under
@@ -53,21 +53,21 @@ def test_required_pairings_are_predicted_ok_except_a_model_that_cannot_run_in_th
                                                              "message": models.BF16_MIXED_DTYPE}
 
 
-def test_a_model_that_fails_in_bfloat16_is_predicted_ok_on_the_flavour_that_carries_its_fix():
+def test_a_model_that_fails_in_bfloat16_is_predicted_ok_with_the_extra_that_carries_its_fix():
     for name in models.extended():
         assert panel.predicted(name, "patched", "0.7", "multimolecule-patched") == {"outcome": "ok"}
     # The fix does not touch what the stock client's key and envoy bugs do.
     assert panel.predicted("ernierna", "main", "0.7", "multimolecule-patched")["bug"] == "key"
 
 
-def test_a_model_that_fails_in_bfloat16_with_no_fix_is_predicted_to_fail_on_every_flavour(monkeypatch):
+def test_a_model_that_fails_in_bfloat16_with_no_fix_is_predicted_to_fail_with_every_extra(monkeypatch):
     unfixed = dataclasses.replace(models.extended()["ernierna"], bfloat16_fix=None)
     monkeypatch.setattr(panel.panel_models, "get", lambda name: unfixed)
-    for flavour in panel.FLAVOURS:
-        assert panel.predicted("ernierna", "patched", "0.7", flavour)["bug"] == "bfloat16", flavour
+    for extra in panel.EXTRAS:
+        assert panel.predicted("ernierna", "patched", "0.7", extra)["bug"] == "bfloat16", extra
 
 
-def test_a_report_on_another_flavour_goes_beside_the_default_ones_and_never_over_them(tmp_path):
+def test_a_report_with_another_extra_goes_beside_the_default_ones_and_never_over_them(tmp_path):
     assert panel.report_path(tmp_path, "0.7") == tmp_path / "ndif_0.7" / "panel.json"
     assert panel.report_path(tmp_path, "0.7", "multimolecule-patched") == \
         tmp_path / "ndif_0.7" / "panel+multimolecule-patched.json"
@@ -205,7 +205,7 @@ def test_panel_command_refuses_bad_input_before_starting_anything(args, message)
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
-def test_server_imports_what_its_flavour_names_and_a_missing_package_raises(monkeypatch):
+def test_server_imports_what_its_extras_name_and_a_missing_package_raises(monkeypatch):
     monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "colorsys")
     assert "colorsys" in server_packages.import_for_models()
     monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "no_such_package_for_nnsight_repro")
@@ -213,15 +213,15 @@ def test_server_imports_what_its_flavour_names_and_a_missing_package_raises(monk
         server_packages.import_for_models()
 
 
-def test_flavoured_server_environment_has_its_own_name_and_inputs_and_the_plain_one_keeps_its_digest():
+def test_server_environment_with_an_extra_has_its_own_name_and_inputs_and_the_plain_one_keeps_its_digest():
     assert server_env.env_name("0.7", ("multimolecule",)) == "ndif-server-0.7+multimolecule"
     assert "with_pins_sha256" not in server_env.inputs("0.8")
     assert set(server_env.inputs("0.8", ("multimolecule",))["with_pins_sha256"]) == {"multimolecule"}
-    with pytest.raises(server_packages.FlavourError, match="`--with` takes: multimolecule"):
+    with pytest.raises(server_packages.ExtraError, match="`--with` takes: multimolecule"):
         server_env.env_name("0.8", ("nope",))
 
 
-def test_flavour_pins_add_only_what_neither_server_has():
+def test_extra_pins_add_only_what_neither_server_has():
     def names(path):
         return {line.split("==")[0].lower().replace("_", "-") for line in path.read_text().splitlines()
                 if line.strip() and not line.startswith("#")}

@@ -54,7 +54,7 @@ channel.send({"written": sorted(p.name for p in out.iterdir())})
 
 
 def probe_records() -> dict:
-    """``{file name: record}``: every probe record whose server is a stock one (refusals have no client line)."""
+    """``{file name: record}``: every probe record whose server is a stock one (refusals name no pairing)."""
     found = {}
     for path in sorted((RESULTS / "ndif_feasibility").glob("*.json")):
         record = json.loads(path.read_text())
@@ -132,7 +132,7 @@ def mismatches(predicted: dict, ok: bool, reason: str, key=None, built=None) -> 
 def test_verdicts_equal_every_cell_of_the_live_panel(trees, configs, record):
     report = json.loads((RESULTS / record).read_text())
     served = report["provenance"]["server"]
-    on = panel.server_facts(served["line"], served["flavour"][0])
+    on = panel.server_facts(served["line"], served["flavour"][0])  # "flavour": the extras, old word kept in records
     wrong = {}
     for row in report["rows"]:
         predicted = assess.verdict(row["client"], str(configs[row["model"]]), per_line(trees, row["model"]), on)
@@ -164,8 +164,9 @@ def test_verdicts_equal_every_trace_probe_of_each_probe_record(trees, configs, n
     line = record["provenance"]["server"]["local"]["line"]
     client = PROBE_CLIENTS[record["client_line"]]
     # Without --with (every committed record): a plain local stack, no multimolecule (its 0.8 /env says so).
-    flavours = record.get("server_flavours") or []
-    on = (panel.server_facts(line, flavours[0]) if flavours else
+    # "client_line" and "server_flavours": the pairing and the extras, under the old words the records keep.
+    extras = record.get("server_flavours") or []
+    on = (panel.server_facts(line, extras[0]) if extras else
           outcomes.ServerFacts(line=line, dtype=config.generation(line).dtype, packages=frozenset()))
     wrong, seen = {}, 0
     for result in (r for r in record["probes"] if r["declaration"]["kind"] == "trace"):

@@ -2,11 +2,11 @@
 
 The script runs as a user runs it (a subprocess, no ``NDIF_HOST``, ``--with multimolecule``), so it finds the
 session's local stacks, one per generation, both with multimolecule, and sends every probe through real
-clients inside their namespaces: the 0.8 line against the 0.8 stack (fixture ``ndif_stack``), the stock 0.7
-server's two client lines against the 0.7 stack (fixture ``ndif07_stock``, which runs the script while its
-stack is up). The patched 0.7 server's line and servers without multimolecule are the committed records in
-results/ndif_feasibility (``probe_ndif.py`` against a stack of that flavour). Bad input must give a clear
-message, a recorded outcome and a non-zero exit.
+clients inside their namespaces: the upstream-0.8 pairing against the 0.8 stack (fixture ``ndif_stack``), the
+stock 0.7 server's two pairings against the 0.7 stack (fixture ``ndif07_stock``, which runs the script while its
+stack is up). The patched 0.7 server's pairing and servers without multimolecule are the committed records in
+results/ndif_feasibility (``probe_ndif.py`` against a stack of that server build or without the extra). Bad
+input must give a clear message, a recorded outcome and a non-zero exit.
 
 Not tested: a refused API key. The local stacks run with authentication off, so no key is ever
 refused there; a test of it needs a host that checks keys.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from nnsight_repro.ndif.feasibility import runner
-from nnsight_repro.ndif.feasibility.declarations import CLIENT_LINES
+from nnsight_repro.ndif.feasibility.declarations import PROBED_PAIRINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ndif_feasibility" / "probe_ndif.py"
@@ -31,7 +31,7 @@ PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 
 def gpt2_probe(probe_id: str, isolates: str, hook: str = "model.transformer.h[0].output",
                repo: str = 'repo_id = "openai-community/gpt2", revision = "main"') -> str:
-    """A probe of the tiny GPT-2 (the same hook on both lines) that every client line expects to run."""
+    """A probe of the tiny GPT-2 (the same hook on both lines) that every pairing expects to run."""
     return f'''
 [[probe]]
 id = "{probe_id}"
@@ -76,11 +76,11 @@ def closed_port() -> int:
 @pytest.fixture(scope="module")
 def probe_run(ndif_stack, tmp_path_factory):
     out = tmp_path_factory.mktemp("probe_run")
-    result = run_script("--with", "multimolecule", "--line", "upstream-0.8", out=out)
+    result = run_script("--with", "multimolecule", "--pairing", "upstream-0.8", out=out)
     return result, out
 
 
-#: How the 0.8 run's records are named: client line, then the server's flavours.
+#: How the 0.8 run's records are named: pairing, then the server's extras.
 PREFIX_08 = "upstream-0.8+multimolecule-"
 
 
@@ -106,7 +106,7 @@ def test_results_carry_each_declaration_verbatim_and_the_run_context(probe_run):
     assert context["server_env"]["packages"]["nnsight"] == "0.8.1"
     assert made["versions"]["client"]["nnsight"] == made["versions"]["server"]["nnsight"] == "0.8.1"
     assert made["command"].startswith("python3 ") and "probe_ndif.py" in made["command"]
-    assert "--line upstream-0.8" in made["command"]
+    assert "--pairing upstream-0.8" in made["command"]
     for field in ("host", "date"):
         assert made[field]
     assert made["server"]["kind"] == "local NDIF stack" and "ndif 0.1.2" in made["server"]["generation"]
@@ -123,56 +123,56 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
             assert f"[probe_ndif] {probe['id']}: RUNNING" in result.stdout
 
 
-# The multimolecule flavour: the RNA probes observe a remote trace ------------------------------------
+# The multimolecule extra: the RNA probes observe a remote trace --------------------------------------
 
 MULTIMOLECULE_PROBES = ("rnabert-masked-lm", "splicebert-masked-lm")
-#: The probes a flavour changes (declarations.depends_on_flavours), in the file's order: the RNA probes, and
+#: The probes an extra changes (declarations.depends_on_extras), in the file's order: the RNA probes, and
 #: the env probe, which compares multimolecule too.
-FLAVOUR_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
-#: The client lines the session's stacks serve: the stock 0.7 server's two and 0.8's.
-FLAVOURED_LINES = ("main", "patched-client-only", "upstream-0.8")
+EXTRA_CHANGES = (*MULTIMOLECULE_PROBES, "environment-alignment")
+#: The pairings the session's stacks serve: the stock 0.7 server's two and 0.8's.
+SERVED_PAIRINGS = ("main", "patched-client-only", "upstream-0.8")
 
 
 @pytest.fixture(scope="module")
-def by_line(ndif07_stock, probe_run):
-    """Every client line's records of the real probes with ``--with multimolecule``: the 0.7 lines' from the
+def by_pairing(ndif07_stock, probe_run):
+    """Every pairing's records of the real probes with ``--with multimolecule``: the 0.7 pairings' from the
     run the 0.7 stack's lane job made while it was up (tests/ndif_fixture.py ``probe_script``), 0.8's from
     :func:`probe_run`."""
     return {**ndif07_stock["probes"]["records"], "upstream-0.8": records(probe_run[1], PREFIX_08)}
 
 
-def test_the_probe_runs_cover_every_client_line_the_stacks_serve_and_exit_zero(by_line, ndif07_stock):
-    assert sorted(by_line) == sorted(FLAVOURED_LINES)
-    assert all(len(found) == 1 for found in by_line.values()), {line: len(found) for line, found in by_line.items()}
+def test_the_probe_runs_cover_every_pairing_the_stacks_serve_and_exit_zero(by_pairing, ndif07_stock):
+    assert sorted(by_pairing) == sorted(SERVED_PAIRINGS)
+    assert all(len(found) == 1 for found in by_pairing.values()), {name: len(found) for name, found in by_pairing.items()}
     run = ndif07_stock["probes"]
     assert run["returncode"] == 0, run["stdout"][-3000:] + run["stderr"][-3000:]
 
 
-def test_every_probe_run_on_the_multimolecule_flavour_matches_its_declaration(by_line):
-    for line, found in by_line.items():
+def test_every_probe_run_with_the_multimolecule_extra_matches_its_declaration(by_pairing):
+    for name, found in by_pairing.items():
         (record,) = found
-        assert record["server_flavours"] == ["multimolecule"], line
+        assert record["server_flavours"] == ["multimolecule"], name
         mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
-        assert not mismatched, line
+        assert not mismatched, name
 
 
-def test_rna_probes_trace_remotely_on_the_multimolecule_flavour_with_both_fixes(by_line):
-    for line in ("patched-client-only", "upstream-0.8"):
-        (record,) = by_line[line]
+def test_rna_probes_trace_remotely_with_the_multimolecule_extra_and_both_fixes(by_pairing):
+    for name in ("patched-client-only", "upstream-0.8"):
+        (record,) = by_pairing[name]
         observed = {p["id"]: p["observed"] for p in record["probes"]}
         for probe_id in MULTIMOLECULE_PROBES:
-            assert observed[probe_id]["status"] == "ok", (line, observed[probe_id])
-            assert observed[probe_id]["statuses"][-1] == "COMPLETED", (line, observed[probe_id])
+            assert observed[probe_id]["status"] == "ok", (name, observed[probe_id])
+            assert observed[probe_id]["statuses"][-1] == "COMPLETED", (name, observed[probe_id])
 
 
-def test_the_stock_client_still_fails_to_provision_rna_models_on_the_multimolecule_flavour(by_line):
-    (record,) = by_line["main"]
+def test_the_stock_client_still_fails_to_provision_rna_models_with_the_multimolecule_extra(by_pairing):
+    (record,) = by_pairing["main"]
     observed = {p["id"]: p["observed"] for p in record["probes"]}
     for probe_id in MULTIMOLECULE_PROBES:
         assert "error provisioning the model deployment" in observed[probe_id]["message"], observed[probe_id]
 
 
-def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_names():
+def test_an_extras_expectation_replaces_expect_only_for_the_pairings_it_names():
     from nnsight_repro.ndif.feasibility import declarations
 
     (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
@@ -181,24 +181,24 @@ def test_a_flavours_expectation_replaces_expect_only_for_the_client_lines_it_nam
     assert declarations.expectation(probe, "main", ("multimolecule",)) == probe["expect"]["main"]
 
 
-def test_the_probes_a_flavour_changes_declare_an_outcome_for_it_or_name_a_package_it_installs():
+def test_the_probes_an_extra_changes_declare_an_outcome_for_it_or_name_a_package_it_installs():
     from nnsight_repro.ndif.feasibility import declarations
 
     probes = declarations.load_probes(PROBES)
-    for flavour in ("multimolecule", "multimolecule-patched"):
-        changed = [p["id"] for p in probes if declarations.depends_on_flavours(p, (flavour,))]
-        assert changed == list(FLAVOUR_CHANGES), flavour
-    assert not [p["id"] for p in probes if declarations.depends_on_flavours(p, ())]
+    for extra in ("multimolecule", "multimolecule-patched"):
+        changed = [p["id"] for p in probes if declarations.depends_on_extras(p, (extra,))]
+        assert changed == list(EXTRA_CHANGES), extra
+    assert not [p["id"] for p in probes if declarations.depends_on_extras(p, ())]
 
 
-def test_a_flavour_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
+def test_an_extra_without_an_entry_of_its_own_expects_what_the_package_it_installs_expects():
     from nnsight_repro.ndif.feasibility import declarations
 
     (probe,) = [p for p in declarations.load_probes(PROBES) if p["id"] == "rnabert-masked-lm"]
     assert "multimolecule-patched" not in probe["expect_with"]
-    for line in ("upstream-0.8", "main"):
-        assert declarations.expectation(probe, line, ("multimolecule-patched",)) == \
-            declarations.expectation(probe, line, ("multimolecule",))
+    for pairing in ("upstream-0.8", "main"):
+        assert declarations.expectation(probe, pairing, ("multimolecule-patched",)) == \
+            declarations.expectation(probe, pairing, ("multimolecule",))
     assert declarations.expectation(probe, "upstream-0.8", ("multimolecule-patched",)) == "ok"
 
 
@@ -214,7 +214,7 @@ def failing_run(ndif_stack, tmp_path_factory):
                          hook="model.transformer.h[0].output[0][0, 0, 0, 0]")
             + CONTROL)
     out = tmp / "out"
-    result = run_script("--probes", str(probe_file(tmp, text)), "--with", "multimolecule", "--line", "upstream-0.8",
+    result = run_script("--probes", str(probe_file(tmp, text)), "--with", "multimolecule", "--pairing", "upstream-0.8",
                         out=out)
     (record,) = records(out, PREFIX_08)
     return result, {p["id"]: p for p in record["probes"]}
@@ -255,7 +255,7 @@ class StandInHost(runner.Host):
 
 def run_stand_in(monkeypatch, ids):
     monkeypatch.setattr(runner, "NO_ANSWER_S", 1.0)
-    return runner.run_line("patched", [{"id": i} for i in ids], StandInHost("http://stand-in", None), say=lambda m: None)
+    return runner.run_pairing("patched", [{"id": i} for i in ids], StandInHost("http://stand-in", None), say=lambda m: None)
 
 
 def test_a_client_silent_past_the_limit_costs_only_the_probe_it_was_on(monkeypatch):
@@ -282,9 +282,9 @@ def test_unreachable_host_is_recorded_for_every_probe(tmp_path):
     result = run_script("--host", url, out=tmp_path)
     assert result.returncode == 1
     assert f"NDIF host {url} is unreachable" in result.stdout
-    for line in ("main", "patched", "patched-client-only", "upstream-0.8"):  # every client line, each recorded
-        (record,) = records(tmp_path, f"{line}-2")
-        assert {p["observed"]["error"] for p in record["probes"]} == {"HostUnreachable"}, line
+    for pairing in ("main", "patched", "patched-client-only", "upstream-0.8"):  # every pairing, each recorded
+        (record,) = records(tmp_path, f"{pairing}-2")
+        assert {p["observed"]["error"] for p in record["probes"]} == {"HostUnreachable"}, pairing
         assert record["provenance"]["server"]["url"] == url
 
 
@@ -315,38 +315,49 @@ def test_self_contradicting_expectation_is_refused(tmp_path):
     assert records(tmp_path / "out", "refused-")
 
 
-def test_expectation_for_an_unknown_client_line_is_refused(tmp_path):
+def test_expectation_for_an_unknown_pairing_is_refused(tmp_path):
     bad = probe_file(tmp_path, CONTROL.replace('patched = "ok"', 'patched = "ok", "nightly" = "ok"'))
     result = run_script("--probes", str(bad), out=tmp_path / "out")
     assert result.returncode == 2
-    assert "unknown client line(s) nightly" in result.stderr
+    assert "unknown pairing(s) nightly" in result.stderr
 
 
-def test_expectation_for_an_unknown_server_flavour_is_refused(tmp_path):
+def test_expectation_for_an_unknown_extra_is_refused(tmp_path):
     bad = probe_file(tmp_path, CONTROL + '[probe.expect_with.nightly]\n"upstream-0.8" = "ok"\n')
     result = run_script("--probes", str(bad), "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path / "out")
     assert result.returncode == 2
-    assert "expect_with.nightly: unknown server flavour (flavours: multimolecule, multimolecule-patched)" in result.stderr
+    assert "expect_with.nightly: unknown extra (extras: multimolecule, multimolecule-patched)" in result.stderr
 
 
-def test_unknown_server_flavour_on_the_command_line_is_refused(tmp_path):
+def test_unknown_extra_on_the_command_line_is_refused(tmp_path):
     result = run_script("--with", "nightly", "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path)
     assert result.returncode == 2
     assert "`--with` takes: multimolecule" in result.stderr
     assert records(tmp_path, "refused-")
 
 
-def test_unknown_client_line_on_the_command_line_is_refused(tmp_path):
-    result = run_script("--line", "nightly", out=tmp_path)
+def test_unknown_pairing_on_the_command_line_is_refused(tmp_path):
+    result = run_script("--pairing", "nightly", out=tmp_path)
     assert result.returncode == 2
-    assert ("unknown client line(s) nightly; client lines: main, patched, patched-client-only, upstream-0.8"
+    assert ("unknown pairing(s) nightly; pairings: main, patched, patched-client-only, upstream-0.8"
             in result.stderr)
     assert records(tmp_path, "refused-")
 
 
+@pytest.mark.parametrize("given", [["--line", "upstream-0.8"], ["--line"]])
+def test_the_old_line_option_is_refused_with_its_new_name(tmp_path, given):
+    """``--line`` took a pairing before "line" came to mean an nnsight release line only: a stale command
+    line stops at the parser, naming ``--pairing``, before any probe file is read or request sent."""
+    result = run_script(*given, "--host", f"http://127.0.0.1:{closed_port()}", out=tmp_path)
+    assert result.returncode == 2
+    assert ("--line is now --pairing (a client x server pairing: main, patched, patched-client-only, upstream-0.8)"
+            in result.stderr)
+    assert not list(tmp_path.iterdir())
+
+
 def test_probe_option_runs_only_the_probes_it_names(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}"
-    result = run_script("--probe", "splicebert-masked-lm,catalogue", "--line", "upstream-0.8", "--host", url,
+    result = run_script("--probe", "splicebert-masked-lm,catalogue", "--pairing", "upstream-0.8", "--host", url,
                         out=tmp_path)
     assert result.returncode == 1, result.stderr
     (record,) = records(tmp_path, "upstream-0.8-2")
@@ -364,15 +375,15 @@ def test_unknown_probe_id_on_the_command_line_is_refused_before_any_request(tmp_
     assert not list(tmp_path.glob("upstream-0.8-*"))
 
 
-# The 0.7 client lines against the 0.7 stack (ndif 0.0.1, stock server) ------------------------------
+# The 0.7 pairings against the 0.7 stack (ndif 0.0.1, stock server) ----------------------------------
 
-#: The 0.7 client lines the session's 0.7 stack (stock server) serves, from the one declaration of pairings.
-STOCK_07_LINES = [name for name, p in CLIENT_LINES.items() if p.line == "0.7" and p.server == "stock"]
+#: The 0.7 pairings the session's 0.7 stack (stock server) serves, from the one declaration of pairings.
+STOCK_07_PAIRINGS = [name for name, p in PROBED_PAIRINGS.items() if p.line == "0.7" and p.server == "stock"]
 
 
-@pytest.mark.parametrize("client_line", STOCK_07_LINES)
-def test_07_client_line_records_name_the_07_server_and_client(client_line, ndif07_stock):
-    (record,) = ndif07_stock["probes"]["records"][client_line]
+@pytest.mark.parametrize("pairing", STOCK_07_PAIRINGS)
+def test_07_pairing_records_name_the_07_server_and_client(pairing, ndif07_stock):
+    (record,) = ndif07_stock["probes"]["records"][pairing]
     assert "ndif 0.0.1" in record["provenance"]["server"]["generation"]
     assert record["context"]["client"]["nnsight"] == "0.7.0"
 

@@ -256,7 +256,7 @@ def test_a_wait_that_times_out_quotes_the_end_of_the_services_log(tmp_path):
         services.wait("the API", lambda: False, [], 0.05, interval=0.01, logs=[tmp_path / "api.log", log])
 
 
-# The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
+# The multimolecule extra: an RNA model and AntiBERTy ---------------------------------------------------
 # The session's 0.8 stack (it runs `--with multimolecule`), through the panel command's code (fixture
 # ndif08_batch in tests/ndif_fixture.py).
 
@@ -267,7 +267,7 @@ MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMas
 
 @pytest.mark.parametrize("trace", ["read", "write"])
 @pytest.mark.parametrize("model", sorted(MULTIMOLECULE_BUILT))
-def test_multimolecule_flavour_runs_rnabert_and_antiberty_remotely_equal_to_local(ndif08_batch, model, trace):
+def test_multimolecule_extra_runs_rnabert_and_antiberty_remotely_equal_to_local(ndif08_batch, model, trace):
     row = ndif08_batch["by"][(model, "upstream-0.8", trace)]
     assert row["ok"] and row["max_abs_diff"] == 0.0, row
     assert row["built_class"] == MULTIMOLECULE_BUILT[model], row
@@ -284,7 +284,7 @@ def test_antiberty_runs_with_its_real_weights(ndif08_batch):
     assert row["points"]["first_layer"]["shape"][-1] == 512, row["points"]
 
 
-def test_multimolecule_flavour_builds_in_its_own_environment_without_oom_kills(ndif08_batch):
+def test_multimolecule_extra_builds_in_its_own_environment_without_oom_kills(ndif08_batch):
     built = ndif08_batch["built"]
     assert {b["module_class"] for b in built} == set(MULTIMOLECULE_BUILT.values()), built
     env = str(server_env.path("0.8", server_packages.SUITE)) + "/"
@@ -295,19 +295,19 @@ def test_multimolecule_flavour_builds_in_its_own_environment_without_oom_kills(n
     assert ndif08_batch["memory"]["cgroup"]["oom_kills"] == 0, ndif08_batch["memory"]
 
 
-def test_multimolecule_flavour_is_a_stack_of_its_own_and_unknown_flavours_are_refused():
-    flavoured, plain = config.default(extras=["multimolecule"]), config.default()
-    assert flavoured.folder != plain.folder and flavoured.netns != plain.netns
-    assert flavoured.environ(Path("/x/bin"))["NNSIGHT_REPRO_NDIF_SERVER_IMPORTS"] == "multimolecule"
+def test_multimolecule_extra_is_a_stack_of_its_own_and_unknown_extras_are_refused():
+    with_extra, plain = config.default(extras=["multimolecule"]), config.default()
+    assert with_extra.folder != plain.folder and with_extra.netns != plain.netns
+    assert with_extra.environ(Path("/x/bin"))["NNSIGHT_REPRO_NDIF_SERVER_IMPORTS"] == "multimolecule"
     assert "NNSIGHT_REPRO_NDIF_SERVER_IMPORTS" not in plain.environ(Path("/x/bin"))
-    with pytest.raises(config.ConfigError, match="Unknown server flavour.*foo.*`--with` takes: multimolecule"):
+    with pytest.raises(config.ConfigError, match="Unknown extra.*foo.*`--with` takes: multimolecule"):
         config.default(extras=["foo"])
     result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--with", "foo"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "invalid choice: 'foo'" in result.stderr, result.stderr
 
 
-def test_two_flavours_of_one_package_are_refused_naming_both():
+def test_two_extras_of_one_package_are_refused_naming_both():
     with pytest.raises(config.ConfigError, match="multimolecule, multimolecule-patched each install multimolecule"):
         config.default(extras=["multimolecule-patched", "multimolecule"])
     result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", "up", "--with", "multimolecule",
@@ -315,19 +315,19 @@ def test_two_flavours_of_one_package_are_refused_naming_both():
     assert result.returncode == 2 and "each install multimolecule; choose one" in result.stderr, result.stderr
 
 
-def test_a_flavours_fix_reaches_only_its_own_venv_not_the_installed_file_it_was_linked_to(tmp_path):
+def test_an_extras_fix_reaches_only_its_own_venv_not_the_installed_file_it_was_linked_to(tmp_path):
     # uv links an installed file to its cache, and every venv with that release links the same inode.
-    flavour = server_packages.FLAVOURS["multimolecule-patched"]
+    extra = server_packages.EXTRAS["multimolecule-patched"]
     site_of_this_env = Path(importlib.util.find_spec("multimolecule").origin).parent.parent
-    released = site_of_this_env / series.touched(flavour.series)[0]
+    released = site_of_this_env / series.touched(extra.series)[0]
     cache = tmp_path / "uv-cache" / "sinusoidal.py"
     cache.parent.mkdir()
     shutil.copyfile(released, cache)
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
-    installed = site / series.touched(flavour.series)[0]
+    installed = site / series.touched(extra.series)[0]
     installed.parent.mkdir(parents=True)
     os.link(cache, installed)
-    server_env.apply_series(flavour, tmp_path / "venv" / "bin" / "python")
+    server_env.apply_series(extra, tmp_path / "venv" / "bin" / "python")
     assert cache.read_bytes() == released.read_bytes()
     assert installed.stat().st_ino != cache.stat().st_ino
     assert "promote_types" in installed.read_text() and "promote_types" not in cache.read_text()

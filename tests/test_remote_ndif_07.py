@@ -177,14 +177,14 @@ def test_07_stack_settings_that_cannot_work_are_refused_before_anything_starts()
         config.StackConfig(folder=folder, line="0.7", gpus=1).validate()
     with pytest.raises(config.ConfigError, match="api port 6380 is already taken inside the stack by ray gcs"):
         config.StackConfig(folder=folder, line="0.7", gpus=8, api_port=6380).validate()
-    with pytest.raises(config.ConfigError, match="server 'patched' is not a flavour of the 0.8 stack"):
+    with pytest.raises(config.ConfigError, match="server 'patched' is not a server build of the 0.8 stack"):
         config.StackConfig(folder=folder, server="patched").validate()
     # Both generations can run at once: different namespaces for the same cache.
     assert config.default(line="0.7").netns != config.default().netns
 
 
 def test_cli_refuses_mixed_up_flags_with_a_message():
-    for args, message in [(["up", "--server", "patched"], "flavour of the 0.7 stack")]:
+    for args, message in [(["up", "--server", "patched"], "server build of the 0.7 stack")]:
         result = subprocess.run([sys.executable, "-m", "nnsight_repro", "ndif", *args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -255,9 +255,9 @@ def test_status_and_down_of_a_07_stack_that_is_not_running_say_so(tmp_path):
     assert report["deleted_netns"] is False
 
 
-# The multimolecule flavour: an RNA model and AntiBERTy -------------------------------------------------
+# The multimolecule extra: an RNA model and AntiBERTy ---------------------------------------------------
 # The session's 0.7 stack, through the panel command's code (its batch, before everything above ran on it).
-# Without the flavour the same RNABERT request fails to provision: the probes declare that
+# Without the extra the same RNABERT request fails to provision: the probes declare that
 # (scripts/ndif_feasibility/probes.toml, rnabert-masked-lm), observed in results/ndif_feasibility.
 
 MULTIMOLECULE_BUILT = {"rnabert": "RnaBertForMaskedLM", "antiberty": "BertForMaskedLM"}
@@ -293,7 +293,7 @@ def test_stock_client_fails_on_the_multimolecule_server_where_the_key_and_envoy_
         assert rna["as_expected"] and anti["as_expected"]
 
 
-def test_multimolecule_07_stack_runs_the_flavours_environment_and_leaves_nothing(ndif07):
+def test_multimolecule_07_stack_runs_the_extras_environment_and_leaves_nothing(ndif07):
     env = str(server_env.path("0.7", server_packages.SUITE)) + "/"
     built = ndif07["built"]
     assert built and all(b["nnsight_file"].startswith(env) for b in built), built

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import pytest
 
 from decorated_cases import DEFINITIONS
-from nnsight_repro import ROOT, envs, overlays, paths
+from nnsight_repro import ROOT, envs, overlays, settings
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def fixed(tmp_path_factory):
 
 def _run_tests(line: Line, tree, pythonpath, report) -> dict:
     """Run the fix's tests from ``tree``; {test name: passed}."""
-    extra = dict(paths.HF_OFFLINE)
+    extra = dict(settings.HF_OFFLINE)
     if pythonpath:
         extra["PYTHONPATH"] = str(pythonpath)
     result = envs.ensure(line.env, build=False).run(

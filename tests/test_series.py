@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from nnsight_repro import envs, paths, series
+from nnsight_repro import envs, series, settings
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def test_081_covers_the_overloaded_mount_offline_in_its_own_suite(tmp_path):
     report = tmp_path / "report.xml"
     result = env.run(["-m", "pytest", "tests/test_interleaving.py::TestOverloadedMount", "-q",
                       "-p", "no:cacheprovider", f"--junitxml={report}"],
-                     cwd=released_source(SERIES[PORT].env), extra_env=dict(paths.HF_OFFLINE), timeout=900)
+                     cwd=released_source(SERIES[PORT].env), extra_env=dict(settings.HF_OFFLINE), timeout=900)
     assert report.is_file(), f"pytest did not run:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
     cases, failed = failed_cases(report)
     assert len(cases) == 11 and not failed, (len(cases), failed, result.stdout[-3000:])

@@ -164,7 +164,7 @@ def test_a_lane_that_dies_is_a_channel_error_naming_the_lane_and_its_log(lane):
 def test_jobs_are_needed_in_the_order_the_run_first_reaches_them_by_fixture_or_parameter():
     items = [SimpleNamespace(fixturenames=names) for names in
              (["tmp_path"], ["b", "tmp_path"], ["a", "b"], ["c"])]
-    items.insert(1, SimpleNamespace(fixturenames=["request"], callspec=SimpleNamespace(params={"flavour": "c"})))
+    items.insert(1, SimpleNamespace(fixturenames=["request"], callspec=SimpleNamespace(params={"extra": "c"})))
     assert stack_lane.needed(items, ["a", "b", "c"]) == ["c", "b", "a"]
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .. import ROOT, channel, fsutil, paths, series
-from ..paths import cache_dir
+from .. import ROOT, channel, fsutil, series, settings
+from ..settings import cache_dir
 from . import build as build_steps
 from .specs import (BUILD_PINS, PINS, RECIPE, SPECS, TOOLS, EnvError, Spec, ToolSpec, digest_of,  # noqa: F401
                     inputs, log, read_stamp, spec, write_stamp)
@@ -64,9 +64,9 @@ class Env:
         env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
         env.update({
             "PYTHONPATH": str(ROOT),
-            paths.variable("ENV"): self.name,
-            paths.variable("CACHE"): str(cache_dir()),
-            **paths.HF_OFFLINE,
+            settings.variable("ENV"): self.name,
+            settings.variable("CACHE"): str(cache_dir()),
+            **settings.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "TRANSFORMERS_VERBOSITY": "error",
             "TOKENIZERS_PARALLELISM": "false",
@@ -207,7 +207,7 @@ def build_all(jobs: Dict[str, Callable[[], "Env"]], parallel: Optional[int] = No
     from concurrent.futures import ThreadPoolExecutor
 
     if parallel is None:
-        parallel = int(paths.setting("BUILD_PARALLEL", "1"))
+        parallel = int(settings.setting("BUILD_PARALLEL", "1"))
     names = list(jobs)
     done: Dict[str, Env] = {}
     if names:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import List, Optional, Union
 
 from .. import fsutil, series, uvtool
-from ..paths import cache_dir
+from ..settings import cache_dir
 from .sdists import unpack
 from .specs import BUILD_PINS, EnvError, Spec, ToolSpec, digest_of, log, pins_file, write_stamp
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import List
 
 from .. import fsutil, uvtool
-from ..paths import cache_dir
+from ..settings import cache_dir
 from .specs import EnvError, log
 
 

@@ -9,8 +9,8 @@ anything else on the machine.
 Modules, one concept each:
 
 - ``server_env``: the cached venv each generation's server runs in (and the Debian ``redis-server`` it needs);
-- ``server_packages``: server flavours (``--with multimolecule``): the packages a flavour's server environment
-  adds, and where its server processes import them;
+- ``server_packages``: extras (``--with multimolecule``): the packages an extra adds to a server environment,
+  and where its server processes import them;
 - ``built_log``: what the model actors built, one JSON line per load (written in the server, read by ``stack_clients``);
 - ``netns``: the network namespace: create, run inside, list and kill its processes, delete;
 - ``memcg``: the stack's memory cgroup: where its memory is counted, optionally capped, and OOM kills show;
@@ -31,7 +31,8 @@ Modules, one concept each:
 - ``remote_client``: what a remote test runs, in a client environment of the stack's line inside the namespace;
 - ``socket_race``: the one client-side transport fault a remote trace is sent again for, and the retry;
 - ``negative_control``: every pairing of stock/patched nnsight 0.7.0 client and server on the 0.7 stack;
-- ``panel``: every panel model traced remotely on each line's multimolecule flavour, as released or patched (``ndif panel``);
+- ``panel``: every panel model traced remotely on each line's server with the multimolecule extra, as released or
+  patched (``ndif panel``);
 - ``probe``: a stdlib HTTP GET run inside the namespace (the host cannot reach its loopback);
 - ``feasibility``: the probes of ``scripts/ndif_feasibility/probe_ndif.py``: declarations, runner, client;
 - ``ray_clients``: Ray clients connecting to the stack's Ray as ndif's API does, run inside the namespace;

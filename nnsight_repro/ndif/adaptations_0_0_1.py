@@ -18,7 +18,7 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A1] ``JobStatus.NNSIGHT_ERROR`` alias (every process): 0.0.1 reads it on every response.
 - [A2] deserialize with 0.7.0's signature and zstd (model actor ``pre``).
 - [A3] import whitelist additions while unpickling: ``nnsight.intervention.serialization``,
-  ``transformers.*``, ``__future__``, and a flavour's packages (``multimolecule.*``) (model actor ``pre``).
+  ``transformers.*``, ``__future__``, and an extra's packages (``multimolecule.*``) (model actor ``pre``).
 - [A4] builtins kept while unpickling (model actor ``pre``).
 - [A5] nnsight's own unpickler instead of 0.0.1's 0.5-API one (``.root``), which also turns 0.0.1's
   protection of the model's modules off (model actor ``__init__``).
@@ -30,7 +30,7 @@ The adaptations, each named where it is made (``[A1]`` ...):
 - [A11] ``ndif deploy`` asks the Hub for a model key (not code: the controller's own ``NDIF_DEPLOYMENTS``
   deploys GPT-2 at start under an explicit key, and every other key deploys on its first request).
 - [A12] ``/status`` never wedged by a trigger sent before the queue dispatcher listens (dispatcher).
-- [A13] a flavour's packages (``--with multimolecule``) imported by the controller and the model actor before
+- [A13] an extra's packages (``--with multimolecule``) imported by the controller and the model actor before
   they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`; not by the
   other server processes, which build none).
 - [A14] Ray 2.50's ``ray start`` waits for its dashboard as long as a loaded two-core machine needs (the
@@ -208,8 +208,8 @@ DESERIALIZATION_ADDITIONS = [("nnsight.intervention.serialization", True), ("tra
 EXECUTION_ADDITIONS = [("nnsight.intervention.tracing.globals", True)]
 
 
-def _flavour_modules():
-    """[A3] A flavour's packages (``--with multimolecule``), with their submodules: a request for one of its
+def _extra_modules():
+    """[A3] An extra's packages (``--with multimolecule``), with their submodules: a request for one of its
     models carries the model's config class from that package."""
     from nnsight_repro.ndif import server_packages
 
@@ -335,7 +335,7 @@ def _deserialized_request(actor):
     if isinstance(raw, ray.ObjectRef):
         raw = ray.get(raw)
     with sandbox.Protector(_whitelist(sandbox.WHITELISTED_MODULES_DESERIALIZATION,
-                                      DESERIALIZATION_ADDITIONS + _flavour_modules())):
+                                      DESERIALIZATION_ADDITIONS + _extra_modules())):
         request = RequestModel.deserialize(raw, actor.model._remoteable_persistent_objects(),
                                            bool(actor.request.zlib))
     actor.respond(status=BackendResponseModel.JobStatus.RUNNING, description="Your job has started running.")

@@ -11,7 +11,7 @@ Selected by the stack's environment (:mod:`nnsight_repro.ndif.config`):
   on CPU torch, so the node would be skipped and no model ever placed. We advertise fake GPUs.
 - ``NDIF_DEFAULT_MODEL_ACTOR_CLASS`` -> :class:`CPUModelActor`.
 - ``NDIF_CONTROLLER_IMPORT_PATH`` -> :class:`ControllerActor`.
-- A flavour's packages (``--with multimolecule``): imported by the controller and the model actor before
+- An extra's packages (``--with multimolecule``): imported by the controller and the model actor before
   they build a model from its key (:func:`nnsight_repro.ndif.server_packages.import_for_models`).
 - Offline Hub (not code): models are deployed from local paths with an explicit ``model_key``
   (see :mod:`nnsight_repro.ndif.deploy`), because ``ndif deploy`` would otherwise canonicalize the id

@@ -15,9 +15,9 @@ import json
 import os
 import time
 
-from .. import paths
+from .. import settings
 
-VARIABLE = paths.variable("NDIF_BUILT_LOG")
+VARIABLE = settings.variable("NDIF_BUILT_LOG")
 
 
 def record(model_key: str, model) -> dict:

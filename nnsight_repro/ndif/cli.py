@@ -1,6 +1,6 @@
 """``nnsight-repro ndif up|down|status [--line 0.7 [--server stock|patched]] [--with multimolecule]`` and
 ``ndif panel`` (also ``python3 -m nnsight_repro.ndif``): thin over :mod:`stack` and :mod:`health`. Without ``--line``, the 0.8
-stack; ``--with`` names a server flavour (:mod:`server_packages`), a stack of its own."""
+stack; ``--with`` names an extra (:mod:`server_packages`), a stack of its own."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ def _print_status(report: dict) -> None:
         print(f"not running (namespace {report['netns']}); logs of the last run: {report['logs']}")
     else:
         state = report.get("state") or {}
-        flavour = f", {state['server']} nnsight on the server" if state.get("line") == "0.7" else ""
-        flavour += "".join(f", with {name}" for name in state.get("with") or ())
-        print(f"{report['line']} stack (ndif {state.get('ndif', '?')}{flavour}) running in namespace {report['netns']} "
+        server = f", {state['server']} nnsight on the server" if state.get("line") == "0.7" else ""
+        server += "".join(f", with {name}" for name in state.get("with") or ())
+        print(f"{report['line']} stack (ndif {state.get('ndif', '?')}{server}) running in namespace {report['netns']} "
               f"since {state.get('started', '?')} (phase: {state.get('phase', '?')}); "
               f"API {report['api_url']} inside it: {report.get('api')}")
         for name, info in (report.get("services") or {}).items():
@@ -58,8 +58,8 @@ def parser() -> argparse.ArgumentParser:
     def stack_options(command):
         command.add_argument("--line", default="0.8", choices=sorted(GENERATIONS),
                              help="the nnsight line the stack serves (default 0.8)")
-        command.add_argument("--with", dest="extras", action="append", default=[], choices=sorted(server_packages.FLAVOURS),
-                             help="a server flavour: its packages installed in the server environment and imported "
+        command.add_argument("--with", dest="extras", action="append", default=[], choices=sorted(server_packages.EXTRAS),
+                             help="an extra: its packages installed in the server environment and imported "
                                   "where models are built (nnsight_repro/ndif/server_packages.py); a stack of its own")
         return command
 
@@ -72,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="cap the memory of every process of the stack at MIB (its memory cgroup); without it the "
                         "stack is uncapped, and an OOM kill is reported as one either way")
     u.add_argument("--server", default="stock", choices=["stock", "patched"],
-                   help="0.7 stack: the server's nnsight, stock 0.7.0 or the project's patched build (default stock)")
+                   help="0.7 stack: the server build (the server's nnsight), stock 0.7.0 or the project's patched "
+                        "build (default stock)")
     stack_options(action("down", "stop everything `up` started and delete the namespace"))
     s = stack_options(action("status", "what runs, and each model's deployment level"))
     s.add_argument("--json", action="store_true", help="print the status report as JSON")
@@ -81,8 +82,8 @@ def parser() -> argparse.ArgumentParser:
                    help="0.7 stack: stock and patched nnsight 0.7.0 on client and server, every pairing, "
                         "-> results/ndif_0.7/negative_control.json")
     sub.add_parser("panel", add_help=False,
-                   help="every panel model traced remotely on a multimolecule flavour "
-                        "-> results/ndif_<line>/panel.json (+ .md; panel+<flavour>.* for --with)")
+                   help="every panel model traced remotely on a server with a multimolecule extra "
+                        "-> results/ndif_<line>/panel.json (+ .md; panel+<extra>.* for --with)")
     return parser
 
 
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
         if args.action == "up":
             if args.server not in GENERATIONS[args.line].servers:
                 having = [g.line for g in GENERATIONS.values() if args.server in g.servers]
-                parser().error(f"--server {args.server} is a flavour of the {' and '.join(having)} stack "
+                parser().error(f"--server {args.server} is a server build of the {' and '.join(having)} stack "
                                f"(use --line {having[0]})")
             cfg = config.default(line=args.line, server=args.server, extras=args.extras,
                                  memory_limit_mib=args.memory_limit)

@@ -6,7 +6,7 @@ of that folder, so both generations can run at once, two checkouts with separate
 theirs (each in its own namespace, so even the same ports do not collide), and a second ``up`` of the
 same stack finds the first.
 
-Owns :class:`StackConfig` (folders, ports, timeouts, server flavour, memory cap) and :func:`default`.
+Owns :class:`StackConfig` (folders, ports, timeouts, server build, extras, memory cap) and :func:`default`.
 Does not own what differs between generations, including the environment each one's processes get
 (ndif's own settings, set to loopback addresses, plus the adaptations that let it run on a CPU-only,
 offline machine): that is each :class:`~.generations.Generation`'s.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
-from .. import paths
-from ..paths import cache_dir
+from .. import settings
+from ..settings import cache_dir
 from . import server_packages
 from .generations import GENERATIONS, Generation
 
@@ -56,10 +56,11 @@ class StackConfig:
     start_timeout: float = 180.0
     deploy_timeout: float = 300.0
     extra_env: Dict[str, str] = field(default_factory=dict)
-    #: Which generation (by the nnsight line it serves), and for 0.7 which nnsight the server runs.
+    #: Which generation (by the nnsight line it serves), and its server build: which nnsight the server runs
+    #: (``stock``; for 0.7 also ``patched``).
     line: str = "0.8"
     server: str = "stock"
-    #: Server flavours adding packages (``--with multimolecule``; :mod:`server_packages`), sorted, no repeats.
+    #: Extras: packages added to the server (``--with multimolecule``; :mod:`server_packages`), sorted, no repeats.
     extras: tuple = ()
     #: A cap on the memory of every process of the stack, in MiB (its memory cgroup, :mod:`memcg`); None:
     #: no cap of its own (the cgroup still counts and reports OOM kills).
@@ -132,14 +133,14 @@ class StackConfig:
         """Every port distinct and none of Ray's: otherwise a service would find its port taken."""
         gen = self.generation
         try:
-            canonical = tuple(f.name for f in server_packages.flavours(self.extras))
-        except server_packages.FlavourError as exc:
+            canonical = tuple(f.name for f in server_packages.extras(self.extras))
+        except server_packages.ExtraError as exc:
             raise ConfigError(str(exc)) from None
         if canonical != tuple(self.extras):
             raise ConfigError(f"extras {self.extras!r} must be sorted and without repeats ({canonical!r}); "
                               f"config.default() canonicalizes them.")
         if self.server not in gen.servers:
-            raise ConfigError(f"server {self.server!r} is not a flavour of the {gen.line} stack; "
+            raise ConfigError(f"server {self.server!r} is not a server build of the {gen.line} stack; "
                               f"it has: {', '.join(gen.servers)}.")
         ours = {"redis": self.redis_port, "s3": self.s3_port, "api": self.api_port}
         seen: Dict[int, str] = {}
@@ -183,22 +184,22 @@ def default(folder: Optional[Path] = None, line: str = "0.8", extras=(), **overr
     """The project's stack of ``line``: ``<cache>/ndif`` (0.8) or ``<cache>/ndif-0.7``, ports overridable
     through ``NNSIGHT_REPRO_NDIF_*_PORT``.
 
-    A flavoured stack (``extras``, e.g. ``("multimolecule",)``) has a folder of its own
+    A stack with extras (``extras``, e.g. ``("multimolecule",)``) has a folder of its own
     (``<cache>/ndif+multimolecule``), so its own namespace, state and minted keys: asking for one never
     finds, reuses or stops a plain stack of the same line, and the other way round.
     """
     gen = generation(line)
     try:
-        extras = tuple(f.name for f in server_packages.flavours(extras))
-    except server_packages.FlavourError as exc:
+        extras = tuple(f.name for f in server_packages.extras(extras))
+    except server_packages.ExtraError as exc:
         raise ConfigError(str(exc)) from None
     overrides.setdefault("gpus", gen.gpus)
     for service in ("redis", "s3", "api"):
-        value = paths.setting(f"NDIF_{service.upper()}_PORT")
+        value = settings.setting(f"NDIF_{service.upper()}_PORT")
         if value and f"{service}_port" not in overrides:
             try:
                 overrides[f"{service}_port"] = int(value)
             except ValueError:
-                raise ConfigError(f"{paths.variable(f'NDIF_{service.upper()}_PORT')}={value!r} is not a port number.") from None
+                raise ConfigError(f"{settings.variable(f'NDIF_{service.upper()}_PORT')}={value!r} is not a port number.") from None
     name = "+".join([gen.folder_name, *extras])
     return StackConfig(folder=folder or cache_dir() / name, line=line, extras=extras, **overrides)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from .. import ROOT, paths
+from .. import ROOT, settings
 from . import deploy, server_packages
 
 ADAPTATIONS = "nnsight_repro.ndif.adaptations_0_1_2"
@@ -114,7 +114,8 @@ class Generation:
     min_gpus: int
     #: What ``up`` deploys unless told otherwise.
     served: Tuple[str, ...]
-    #: nnsight flavours the server can run: the release first (0.0.1: the project's ``patched`` build too).
+    #: Its server builds (which nnsight the server runs): the release first (0.0.1: the project's ``patched``
+    #: build too).
     servers: tuple = ("stock",)
     #: How far a remote value may be from the client's local float32 one (see :data:`BF16_ATOL`).
     atol: float = 0.0
@@ -216,7 +217,7 @@ class Ndif012(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             # Ray workers inherit this, so they can import the adaptations module.
             "PYTHONPATH": str(ROOT),
-            **paths.HF_OFFLINE,
+            **settings.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             # An empty hub cache of our own: /status lists whatever it finds there as COLD models.
             "HF_HOME": str(cfg.folder / "hf_home"),
@@ -243,7 +244,7 @@ class Ndif012(Generation):
             "NDIF_DEFAULT_MODEL_ACTOR_CLASS": f"{ADAPTATIONS}.CPUModelActor",
             "NDIF_CONTROLLER_IMPORT_PATH": f"{ADAPTATIONS}.ControllerActor",
             # Where the CPU model actor records what it built (built_log).
-            paths.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
+            settings.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
         }
         if role == "ray":
             env.update(RAY_ENV)
@@ -304,7 +305,7 @@ class Ndif001(Generation):
             "PATH": f"{venv_bin}{os.pathsep}{base.get('PATH', '/usr/bin:/bin')}",
             "PYTHONPATH": os.pathsep.join(path),
             "HOME": str(cfg.home),
-            **paths.HF_OFFLINE,
+            **settings.HF_OFFLINE,
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "HF_HOME": str(cfg.folder / "hf_home"),
             # What `ndif start api` sets (DEV_MODE: no API keys, no version checks, no Postgres).
@@ -337,7 +338,7 @@ class Ndif001(Generation):
             # model actor records what it built.
             "RAY_OVERRIDE_RESOURCES": json.dumps(
                 {"GPU": cfg.gpus, "CPU": RAY_CPU_SLOTS, "cuda_memory_bytes": 8_000_000_000 * cfg.gpus}),
-            paths.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
+            settings.variable("NDIF_BUILT_LOG"): str(cfg.built_log),
         }
         if role == "api":
             env["RAY_ADDRESS"] = RAY_CLIENT_ADDRESS
@@ -380,7 +381,7 @@ GENERATIONS: Dict[str, Generation] = {
 class Pairing:
     """A client environment against a local stack generation whose server runs one nnsight build."""
 
-    #: Its one name: the probe script's client line (``--line``), and how results name it.
+    #: Its one name: the probe script's ``--pairing``, and how results name it.
     name: str
     #: The client's environment (its nnsight).
     client: str
@@ -396,7 +397,7 @@ class Pairing:
     #: Its role in ``ndif panel`` ("required" or "negative control"; None: not in the panel, whose server
     #: is always the generation's stock one).
     panel_role: Optional[str] = None
-    #: Whether the probe script runs it (a client line of ``probes.toml``).
+    #: Whether the probe script runs it (a pairing of ``probes.toml``'s expectations).
     probed: bool = True
 
     @property

@@ -1,7 +1,7 @@
 """The negative control against a real server: nnsight 0.7.0 clients, stock and patched, against the 0.7
 stack (ndif 0.0.1) with a stock and with a patched nnsight on the server.
 
-``python3 -m nnsight_repro ndif negative-control [--out DIR]`` brings up one stack per server flavour,
+``python3 -m nnsight_repro ndif negative-control [--out DIR]`` brings up one stack per server build,
 one after the other (each brought down before the next comes up), runs every pairing's client cases in
 the namespace, reads what the server built from the model actors' own records (``logs/built.jsonl``),
 and writes ``DIR/negative_control.json``: the command, host, date, client and server versions, each
@@ -37,7 +37,7 @@ MODELS = ("gpt2", "bert-mlm", "esm-mlm")
 #: Each model read (first layer and final hidden states) and written (a layer output zeroed, logits read).
 CASES = [f"{kind}:{model}:{ATOL}" for model in MODELS for kind in ("trace", "write")]
 
-#: server flavour -> client environment -> remote_client cases: every pairing of the generation
+#: server build -> client environment -> remote_client cases: every pairing of the generation
 #: (:data:`generations.PAIRINGS`), the whole matrix client {stock, patched} x server {stock, patched}.
 PAIRINGS: Dict[str, Dict[str, List[str]]] = {
     server: {p.client: CASES for p in GENERATION.pairings if p.server == server} for server in GENERATION.servers
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     except errors.USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The server's nnsight as each flavour imported it (recorded by `up`); the rest as its interpreter reports.
+    # The server's nnsight as each server build imported it (recorded by `up`); the rest as its interpreter reports.
     server = server_env.ensure(build=False, line=LINE)
     server_packages = envs.reported_versions(server)
     report = {

@@ -1,4 +1,5 @@
-"""The whole panel on a live server: every panel model traced with ``remote=True`` on a multimolecule flavour.
+"""The whole panel on a live server: every panel model traced with ``remote=True`` on a server with a
+multimolecule extra.
 
 ``python3 -m nnsight_repro ndif panel [--line 0.7|0.8] [--with multimolecule-patched] [--models a,b] [--batch N]
 [--out-root DIR]`` runs, per line, every model of :func:`nnsight_repro.models.extended` (the four base models, the ten multimolecule RNA/codon
@@ -6,7 +7,7 @@ masked LMs, AntiBERTy with its packaged weights) through :mod:`remote_client`'s 
 and final hidden states read) and ``write`` (the first layer's output written, the logits read, or a base
 model's final hidden state) cases, each compared by the client with the same trace run locally, and writes
 ``results/ndif_<line>/panel.json`` and
-``panel.md`` (``panel+<flavour>.*`` for a flavour other than :data:`FLAVOUR`): one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
+``panel.md`` (``panel+<extra>.*`` for an extra other than :data:`DEFAULT_EXTRA`): one record per (model, pairing, trace) with ``ok``, the largest difference, the tolerance, the class
 the server built (from the model actors' own records, :mod:`built_log`) and the provenance
 (:func:`nnsight_repro.provenance.record`, the one record every results file carries).
 
@@ -14,7 +15,7 @@ Pairings (:data:`PAIRINGS`): on 0.8, nnsight 0.8.1 against ndif 0.1.2; on 0.7, t
 the stock server (what the public NDIF runs), and the stock client against it as the negative control,
 whose every failure is checked against what the envoy or the key bug predicts (:func:`predicted`).
 
-Server flavours (:data:`FLAVOURS`): ``multimolecule`` serves multimolecule 0.2.2 as released, so a model whose
+Extras (:data:`EXTRAS`, ``--with``): ``multimolecule`` serves multimolecule 0.2.2 as released, so a model whose
 release cannot run in the server's dtype is predicted to fail with its own error; ``multimolecule-patched``
 serves it with our fix for upstream applied (``server_packages``), under which that model is predicted ``ok``.
 
@@ -48,13 +49,13 @@ from ..outcomes import BUGS, HOOKED_OUTPUT, PROVISIONING, UNKNOWN_MODULE  # noqa
 from . import (config, deploy, errors, generations, memcg, memory_watch, netns, server_env, server_packages, stack,
                stack_clients, stack_state)
 
-#: The server flavours the panel runs on (those with multimolecule; :mod:`server_packages`); the release is the default.
-FLAVOURS = tuple(name for name, f in server_packages.FLAVOURS.items() if "multimolecule" in f.imports)
-FLAVOUR = "multimolecule"
+#: The extras the panel's server runs with (those with multimolecule; :mod:`server_packages`); the release is the default.
+EXTRAS = tuple(name for name, f in server_packages.EXTRAS.items() if "multimolecule" in f.imports)
+DEFAULT_EXTRA = "multimolecule"
 
 #: Per line, the pairings the panel runs (those of :data:`generations.PAIRINGS` with a ``panel_role``),
 #: required first: their rows lead each model's. The server is always the line's stock server with a
-#: multimolecule flavour.
+#: multimolecule extra.
 PAIRINGS: Dict[str, List[generations.Pairing]] = {
     line: sorted((p for p in g.pairings if p.panel_role), key=lambda p: p.panel_role != "required")
     for line, g in generations.GENERATIONS.items()
@@ -85,9 +86,9 @@ def cases(names: List[str], line: str) -> List[str]:
 CAUSAL_LM_FAMILIES = ("Bert",)
 
 
-def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict:
-    """What a pairing of ``line`` should give for a model, from the model's declared facts and the server
-    flavour's, by the one rule (:func:`nnsight_repro.outcomes.outcome`; preflight reads the same facts off a
+def predicted(name: str, client: str, line: str, extra: str = DEFAULT_EXTRA) -> dict:
+    """What a pairing of ``line`` should give for a model, from the model's declared facts and the server's
+    (with ``extra``), by the one rule (:func:`nnsight_repro.outcomes.outcome`; preflight reads the same facts off a
     checkpoint instead).
 
     The stock 0.7 client's encoders fail on the first bug they meet. Its key carries no ``automodel`` (the
@@ -98,8 +99,8 @@ def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict
     (``AutoModel``) keeps its modules at the root (``embeddings``, ``encoder``), a path the rebuilt model
     does not have, so its request fails to load on the first module it names, before any class is rebuilt
     (the key bug again). Every other pairing is ``ok``, except a model that cannot run in the dtype the
-    server loads it in (``PanelModel.fails_in_bfloat16``, ``generations.Generation.dtype``) on a server ``flavour``
-    without its fix (``PanelModel.bfloat16_fix``): that fails on the server with the model's own error.
+    server loads it in (``PanelModel.fails_in_bfloat16``, ``generations.Generation.dtype``) on a server whose ``extra``
+    lacks its fix (``PanelModel.bfloat16_fix``): that fails on the server with the model's own error.
     """
     entry = panel_models.get(name)
     facts = outcomes.ModelFacts(
@@ -109,13 +110,13 @@ def predicted(name: str, client: str, line: str, flavour: str = FLAVOUR) -> dict
         # (``AutoModel``) has its modules at the root.
         causal_lm_keeps_paths=entry.automodel != "AutoModel",
         requires=entry.requires, fails_in_bfloat16=entry.fails_in_bfloat16, bfloat16_fix=entry.bfloat16_fix)
-    return outcomes.outcome(facts, client, server_facts(line, flavour))
+    return outcomes.outcome(facts, client, server_facts(line, extra))
 
 
-def server_facts(line: str, flavour: str = FLAVOUR) -> "outcomes.ServerFacts":
-    """The local stack of ``line`` on a server ``flavour``, as the rule sees a server: its dtype, the packages
+def server_facts(line: str, extra: str = DEFAULT_EXTRA) -> "outcomes.ServerFacts":
+    """The local stack of ``line`` with ``extra``, as the rule sees a server: its dtype, the packages
     it imports where it builds models, and the fix series applied to them."""
-    chosen = server_packages.flavours([flavour])
+    chosen = server_packages.extras([extra])
     return outcomes.ServerFacts(line=line, dtype=config.generation(line).dtype,
                                 packages=frozenset(m for f in chosen for m in f.imports),
                                 fixes=frozenset(f.series for f in chosen if f.series))
@@ -147,14 +148,14 @@ def stack_memory(cfg: config.StackConfig) -> dict:
 
 
 def model_rows(name: str, client: str, role: str, line: str, by_case: Dict[str, dict], built: Dict[str, str],
-             deploy_failure: Optional[str], batch: int, flavour: str = FLAVOUR) -> List[dict]:
+             deploy_failure: Optional[str], batch: int, extra: str = DEFAULT_EXTRA) -> List[dict]:
     generation = config.generation(line)
     out = []
     for trace, kind in TRACES.items():
         case = f"{kind}:{name}:{ATOL[line]}"
         record = by_case.get(case)
-        row = {"model": name, "line": line, "client": client, "role": role, "server": f"stock+{flavour}",
-               "trace": trace, "batch": batch, "expected": predicted(name, client, line, flavour)}
+        row = {"model": name, "line": line, "client": client, "role": role, "server": f"stock+{extra}",
+               "trace": trace, "batch": batch, "expected": predicted(name, client, line, extra)}
         if deploy_failure is not None:
             row.update(ok=False, max_abs_diff=None, built_class=None, error="DeployError", reason=deploy_failure)
         elif record is None:
@@ -266,12 +267,12 @@ def measure(cfg: config.StackConfig, names: List[str], number: int, say: Callabl
             "memory": stack_memory(cfg), "built": stack_clients.built_models(cfg)}
 
 
-def judged(names: List[str], number: int, line: str, measured: dict, flavour: str) -> List[dict]:
+def judged(names: List[str], number: int, line: str, measured: dict, extra: str) -> List[dict]:
     """The rows of a :func:`measure`: each model, pairing and trace against its prediction."""
     built = {b["model_key"]: b["module_class"] for b in measured["built"]}
     return [row for name in names for p in PAIRINGS[line]
             for row in model_rows(name, p.client, p.panel_role, line, measured["by_client"].get(p.client, {}), built,
-                                  measured["deploy_failures"].get(name), number, flavour)]
+                                  measured["deploy_failures"].get(name), number, extra)]
 
 
 def run_on_running_stack(cfg: config.StackConfig, names: List[str], number: int,
@@ -281,16 +282,16 @@ def run_on_running_stack(cfg: config.StackConfig, names: List[str], number: int,
     started = time.monotonic()
     measured = measure(cfg, names, number, say)
     keys = {r["key"] for records in measured["by_client"].values() for r in records.values() if "key" in r}
-    flavour = "+".join(cfg.extras) or FLAVOUR
+    extra = "+".join(cfg.extras) or DEFAULT_EXTRA
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1),
             "memory": measured["memory"], "built": [b for b in measured["built"] if b["model_key"] in keys],
-            "rows": judged(names, number, cfg.line, measured, flavour)}
+            "rows": judged(names, number, cfg.line, measured, extra)}
 
 
 def run_batch(line: str, names: List[str], number: int, say: Callable[[str], None] = _say,
               while_up: Optional[Callable[[config.StackConfig], object]] = None,
-              memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
-    """One cold stack of ``line`` (server ``flavour``): ``names`` deployed on demand and traced by every
+              memory_limit_mib: Optional[int] = None, extra: str = DEFAULT_EXTRA) -> dict:
+    """One cold stack of ``line`` (with ``extra``): ``names`` deployed on demand and traced by every
     pairing's client (:func:`measure`); the stack is down again on return, also after a failure (a ``down``
     that fails is the result's ``down_error``: the batch's measurements stand). ``memory_limit_mib`` caps the
     stack's memory (:attr:`config.StackConfig.memory_limit_mib`).
@@ -301,11 +302,11 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
     that brings the stack down itself may (``down`` is idempotent). The batch holds the stack folder's
     lease (:func:`stack_state.lease`) from before it brings a leftover down until its own ``down``.
     """
-    cfg = config.default(line=line, extras=(flavour,), memory_limit_mib=memory_limit_mib)
+    cfg = config.default(line=line, extras=(extra,), memory_limit_mib=memory_limit_mib)
     with stack_state.lease(cfg, say=say):
         group = None
         if netns.exists(cfg.netns):
-            say(f"a {line} {flavour} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
+            say(f"a {line} {extra} stack is running (namespace {cfg.netns}); bringing it down for a cold batch")
             stack.down(cfg)
         down_error = None
         started = time.monotonic()
@@ -331,19 +332,19 @@ def run_batch(line: str, names: List[str], number: int, say: Callable[[str], Non
                 say(f"batch {number}: the stack did not come down: {exc}")
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1),
             "memory": measured["memory"], "stack_timings": timings, "built": measured["built"],
-            "rows": judged(names, number, line, measured, flavour),
+            "rows": judged(names, number, line, measured, extra),
             "netns_left_after_down": netns.exists(cfg.netns),
             "cgroup_left_after_down": bool(group and group.path.exists()), **({"while_up": also} if while_up else {}),
             **({"down_error": down_error} if down_error else {})}
 
 
 def run_line(line: str, names: List[str], batch: int, say: Callable[[str], None] = _say,
-             memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
+             memory_limit_mib: Optional[int] = None, extra: str = DEFAULT_EXTRA) -> dict:
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
     results = []
     for number, chunk in enumerate(batches, 1):
         say(f"{line}: batch {number}/{len(batches)}: {', '.join(chunk)}")
-        results.append(run_batch(line, chunk, number, say, memory_limit_mib=memory_limit_mib, flavour=flavour))
+        results.append(run_batch(line, chunk, number, say, memory_limit_mib=memory_limit_mib, extra=extra))
     return {"batches": results, "rows": [row for result in results for row in result["rows"]]}
 
 
@@ -401,15 +402,17 @@ def summary(rows: List[dict]) -> dict:
 
 
 def report_for(line: str, result: dict, command: str, batch: int, started: str,
-               memory_limit_mib: Optional[int] = None, flavour: str = FLAVOUR) -> dict:
+               memory_limit_mib: Optional[int] = None, extra: str = DEFAULT_EXTRA) -> dict:
+    """The report of ``line``'s panel run. Its server's ``flavour`` key (the extras, a list) keeps the old word,
+    so new reports compare with the committed ones and their readers need one spelling."""
     generation = config.generation(line)
-    server = server_env.ensure(build=False, line=line, extras=(flavour,))
-    fixes = {f.imports[0]: f.series for f in server_packages.flavours([flavour]) if f.series}
+    server = server_env.ensure(build=False, line=line, extras=(extra,))
+    fixes = {f.imports[0]: f.series for f in server_packages.extras([extra]) if f.series}
     packages = envs.reported_versions(server)
     versions = {p.client: envs.reported_versions(envs.ensure(p.client, build=False)) for p in PAIRINGS[line]}
     versions[server.name] = packages
     served = {"kind": "local NDIF stack", "line": line, "env": server.name, "env_digest": server.stamp["digest"],
-              "flavour": [flavour], **({"series": fixes} if fixes else {}),
+              "flavour": [extra], **({"series": fixes} if fixes else {}),
               **{k: packages.get(k) for k in ("ndif", "nnsight", "torch", "transformers", "multimolecule")},
               "note": generation.note}
     details = {
@@ -424,16 +427,16 @@ def report_for(line: str, result: dict, command: str, batch: int, started: str,
             "summary": summary(result["rows"]), "rows": result["rows"], "batches": result["batches"]}
 
 
-def report_path(root: Path, line: str, flavour: str = FLAVOUR) -> Path:
-    """Where a line's report on ``flavour`` goes: ``<root>/ndif_<line>/panel.json``, ``panel+<flavour>.json``
-    for a flavour other than the default (the ``.md`` beside it)."""
-    return root / f"ndif_{line}" / ("panel.json" if flavour == FLAVOUR else f"panel+{flavour}.json")
+def report_path(root: Path, line: str, extra: str = DEFAULT_EXTRA) -> Path:
+    """Where a line's report with ``extra`` goes: ``<root>/ndif_<line>/panel.json``, ``panel+<extra>.json``
+    for an extra other than the default (the ``.md`` beside it)."""
+    return root / f"ndif_{line}" / ("panel.json" if extra == DEFAULT_EXTRA else f"panel+{extra}.json")
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnsight-repro ndif panel",
-                                     description="Every panel model traced with remote=True on a multimolecule "
-                                                 "flavour of the local NDIF stack(s).",
+                                     description="Every panel model traced with remote=True on the local NDIF "
+                                                 "stack(s), their server with a multimolecule extra.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="exit status:\n"
                                             "  0  the report was written (a model that fails is a record in it)\n"
@@ -446,13 +449,13 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=BATCH, help=f"models per cold stack (default {BATCH})")
     parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                         help="cap each batch's stack at MIB (its memory cgroup; default: no cap of its own)")
-    described = [f"{name} (with patches/{server_packages.FLAVOURS[name].series})" if server_packages.FLAVOURS[name].series
-                 else f"{name} (as released)" for name in FLAVOURS]
-    parser.add_argument("--with", dest="flavour", choices=FLAVOURS, default=FLAVOUR,
-                        help=f"the server flavour: {', '.join(described)}; default {FLAVOUR}")
+    described = [f"{name} (with patches/{server_packages.EXTRAS[name].series})" if server_packages.EXTRAS[name].series
+                 else f"{name} (as released)" for name in EXTRAS]
+    parser.add_argument("--with", dest="extra", choices=EXTRAS, default=DEFAULT_EXTRA,
+                        help=f"the server's extra: {', '.join(described)}; default {DEFAULT_EXTRA}")
     parser.add_argument("--out-root", default=str(ROOT / "results"),
                         help="results root: writes <root>/ndif_<line>/panel.json and panel.md "
-                             "(panel+<flavour>.* for another --with)")
+                             "(panel+<extra>.* for another --with)")
     return parser
 
 
@@ -473,9 +476,9 @@ def main(argv=None) -> int:
     try:
         for line in args.line or ["0.8", "0.7"]:
             started = provenance.date()
-            result = run_line(line, names, args.batch, memory_limit_mib=args.memory_limit, flavour=args.flavour)
-            report = report_for(line, result, command, args.batch, started, args.memory_limit, args.flavour)
-            out = report_path(Path(args.out_root), line, args.flavour)
+            result = run_line(line, names, args.batch, memory_limit_mib=args.memory_limit, extra=args.extra)
+            report = report_for(line, result, command, args.batch, started, args.memory_limit, args.extra)
+            out = report_path(Path(args.out_root), line, args.extra)
             fsutil.write_text(out, json.dumps(report, indent=1) + "\n")
             fsutil.write_text(out.with_suffix(".md"), markdown(report))
             s = report["summary"]

@@ -19,7 +19,7 @@ in this order:
 
 The 0.7 server is built by the same steps: ``pins/ndif-server-0.7.txt``, ``ndif==0.0.1`` (same flags, same
 reasons, its wheel hash-pinned), and stock nnsight 0.7.0 from the sdist the ``main`` client is built
-from. The patched server flavour installs nothing more: the stack puts the ``patched`` environment's own
+from. The patched server build installs nothing more: the stack puts the ``patched`` environment's own
 nnsight build first on the server's path (:mod:`nnsight_repro.ndif.services`), so it runs exactly that build.
 Regenerating its pins: as below, with ``ndif==0.0.1``'s declared and undeclared dependencies (see the pins
 file's header) and ``line-0.7.txt`` (less its socket.io pins, which ndif 0.0.1 fixes lower) as constraints.
@@ -82,8 +82,8 @@ def log(message: str) -> None:
 
 
 def env_name(line: str = "0.8", extras: tuple = ()) -> str:
-    """The server environment's name: the generation's, plus ``+flavour`` for each flavour (``ndif-server+multimolecule``)."""
-    return "+".join([server_spec(line).name, *(f.name for f in server_packages.flavours(extras))])
+    """The server environment's name: the generation's, plus ``+extra`` for each extra (``ndif-server+multimolecule``)."""
+    return "+".join([server_spec(line).name, *(f.name for f in server_packages.extras(extras))])
 
 
 def server_spec(line: str = "0.8") -> ServerSpec:
@@ -103,14 +103,14 @@ def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
     spec = server_spec(line)
     client = envs.spec(spec.client_env)
     # The 0.8 server's inputs are exactly what they were before the 0.7 generation existed, so its
-    # cached environment keeps its digest; a plain server's are what they were before flavours existed.
-    chosen = server_packages.flavours(extras)
-    flavoured = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest() for f in chosen}
+    # cached environment keeps its digest; a plain server's are what they were before extras existed.
+    chosen = server_packages.extras(extras)
+    extra_pins = {f.name: hashlib.sha256((envs.PINS / f.pins).read_bytes()).hexdigest() for f in chosen}
     try:
         fixes = {f.name: series.digest(f.series) for f in chosen if f.series}
     except series.SeriesError as exc:
-        raise envs.EnvError(f"The server flavour(s) {', '.join(f.name for f in chosen)}: {exc}") from None
-    return {**({"with_pins_sha256": flavoured} if flavoured else {}),
+        raise envs.EnvError(f"The extra(s) {', '.join(f.name for f in chosen)}: {exc}") from None
+    return {**({"with_pins_sha256": extra_pins} if extra_pins else {}),
         **({"with_series_digest": fixes} if fixes else {}),
         "recipe": RECIPE,
         "ndif": spec.ndif,
@@ -130,12 +130,12 @@ def path(line: str = "0.8", extras: tuple = ()) -> Path:
 
 
 def ensure(build: bool = True, line: str = "0.8", extras: tuple = ()) -> envs.Env:
-    """The server environment of ``line`` (with the packages of the flavours in ``extras``), built if
+    """The server environment of ``line`` (with the packages of the extras in ``extras``), built if
     missing, half-built or built from other inputs."""
     spec = server_spec(line)
     name = env_name(line, extras)
     how = ("python3 -m nnsight_repro ndif up" + GENERATIONS[line].line_option
-           + "".join(f" --with {f.name}" for f in server_packages.flavours(extras)))
+           + "".join(f" --with {f.name}" for f in server_packages.extras(extras)))
     return envs.cached(name, path(line, extras), lambda: inputs(line, extras),
                        lambda where, wanted, digest: _build(spec, name, extras, where, wanted, digest),
                        build=build, how_to_build=how)
@@ -146,11 +146,11 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     client = envs.spec(spec.client_env)
     pins = envs.PINS / spec.pins
     wheel = ndif_wheel("0.8" if spec is SERVERS["0.8"] else "0.7")
-    flavours = server_packages.flavours(extras)
+    chosen = server_packages.extras(extras)
     python = build_steps.make_venv(step, where)
-    # A flavour's packages in the same resolution as the generation's pins: one consistent environment,
+    # An extra's packages in the same resolution as the generation's pins: one consistent environment,
     # as a serving image built with them would be.
-    build_steps.install_pins(step, python, pins, extra=[a for f in flavours for a in ("-r", str(envs.PINS / f.pins))])
+    build_steps.install_pins(step, python, pins, extra=[a for f in chosen for a in ("-r", str(envs.PINS / f.pins))])
     # --python-version only moves ndif's declared Requires-Python check (>= 3.12) out of the way, for this
     # one pure-Python wheel installed without dependencies.
     build_steps.uv_step(step, f"installing ndif {spec.ndif}", "pip", "install", "--python", python, "--no-deps",
@@ -158,11 +158,11 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     built = build_steps.release_wheel(step, client.nnsight, client.sdist_sha256)
     build_steps.uv_step(step, f"installing nnsight {client.nnsight}", "pip", "install", "--python", python,
                  "--no-deps", "--reinstall-package", "nnsight", str(built))
-    for flavour in flavours:
-        if flavour.series:
-            envs.log(f"{name}: applying the series {flavour.series} to the installed {flavour.imports[0]}")
-            apply_series(flavour, Path(python))
-    imports = ", ".join([spec.imports, *(module for f in flavours for module in f.imports)])
+    for extra in chosen:
+        if extra.series:
+            envs.log(f"{name}: applying the series {extra.series} to the installed {extra.imports[0]}")
+            apply_series(extra, Path(python))
+    imports = ", ".join([spec.imports, *(module for f in chosen for module in f.imports)])
     installed = build_steps.checked(step, python, f"checking the install (importing {imports})", (
         f"import importlib.metadata as m, {imports}\n"
         "print(m.version('ndif'), m.version('nnsight'))")).split()
@@ -172,19 +172,19 @@ def _build(spec: ServerSpec, name: str, extras: tuple, where: Path, wanted: dict
     envs.write_stamp(where, name, digest, wanted, build_steps.freeze(step, python))
 
 
-def apply_series(flavour: server_packages.Flavour, python: Path) -> None:
-    """The flavour's fix series applied to its package as installed for ``python``.
+def apply_series(extra: server_packages.Extra, python: Path) -> None:
+    """The extra's fix series applied to its package as installed for ``python``.
 
     uv installs a file as a hard link to its cache, which every other venv with that release links too;
     ``git apply`` writes each file it changes anew rather than in place, so the fix reaches this venv only
     (tests/test_remote_ndif.py checks that it stays so).
     """
-    package = flavour.imports[0]
+    package = extra.imports[0]
     site = next(python.parent.parent.glob("lib/python*/site-packages"))
     try:
-        series.apply(flavour.series, site, only=package)
+        series.apply(extra.series, site, only=package)
     except series.SeriesError as exc:
-        raise envs.EnvError(f"The server flavour {flavour.name!r}: {exc}") from None
+        raise envs.EnvError(f"The extra {extra.name!r}: {exc}") from None
 
 
 def status(line: str = "0.8") -> dict:

@@ -1,6 +1,6 @@
-"""Server flavours that add packages: what a serving image installs, and where the server imports it.
+"""Extras: packages added to a server, what a serving image installs, and where the server imports it.
 
-A flavour is a name given to ``ndif up --with NAME`` (:attr:`nnsight_repro.ndif.config.StackConfig.extras`).
+An extra is a name given to ``ndif up --with NAME`` (:attr:`nnsight_repro.ndif.config.StackConfig.extras`).
 ``multimolecule``: the RNA/codon models of multimolecule 0.2.2 exist for transformers only after ``import
 multimolecule`` (it registers their ``model_type`` with ``AutoConfig`` and the task Auto classes; the
 checkpoints carry no ``auto_map``), so a server that rebuilds them from a model key must have the package
@@ -11,10 +11,10 @@ NDIF loads models in (``models.PanelModel.fails_in_bfloat16``).
 
 How, in one place:
 
-- **installed**: the flavour's pins file (``pins/ndif-server-multimolecule.txt``) is resolved together with
+- **installed**: the extra's pins file (``pins/ndif-server-multimolecule.txt``) is resolved together with
   the generation's own pins into a server environment of its own (``ndif-server+multimolecule``,
-  ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports. A
-  flavour's :attr:`Flavour.series` is applied to the installed package there, before its import check.
+  ``ndif-server-0.7+multimolecule``; :mod:`nnsight_repro.ndif.server_env`), which checks that it imports. An
+  extra's :attr:`Extra.series` is applied to the installed package there, before its import check.
 - **imported**: every server process gets ``NNSIGHT_REPRO_NDIF_SERVER_IMPORTS`` (:func:`environ`), and the two
   kinds of process that build a model from a key call :func:`import_for_models` before they do: the
   controller (both generations size a model by building it on the meta device from its key: 0.1.2's
@@ -22,13 +22,13 @@ How, in one place:
   loads it. Both are ours already (``adaptations_0_1_2``, ``adaptations_0_0_1``). Not a ``.pth`` or
   ``sitecustomize`` import: that would cost every server process (Ray's dashboard, its agents, the API's
   workers) multimolecule's ~10 s and ~570 MB import, for nothing.
-- **allowed in a request**: a request for a flavour's model carries that model's config class
+- **allowed in a request**: a request for an extra's model carries that model's config class
   (``multimolecule.models.rnabert.configuration_rnabert``), and ndif 0.0.1 unpickles a request under an import
   whitelist ("Module multimolecule.models.rnabert.configuration_rnabert is not whitelisted", measured): its
   adaptations add the imported packages to that whitelist, with their submodules ([A3], :func:`imported`).
   ndif 0.1.2 has no such whitelist.
 
-Stdlib only: the host reads :data:`FLAVOURS`, and server processes call :func:`import_for_models` before
+Stdlib only: the host reads :data:`EXTRAS`, and server processes call :func:`import_for_models` before
 anything else of theirs is imported.
 """
 
@@ -41,14 +41,14 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
-from ..paths import variable
+from ..settings import variable
 
 #: The variable that tells a server process what to import before it builds a model (set by :func:`environ`).
 IMPORTS_VARIABLE = variable("NDIF_SERVER_IMPORTS")
 
 
 @dataclass(frozen=True)
-class Flavour:
+class Extra:
     name: str
     #: Pins file under ``nnsight_repro/pins`` installed in the same resolution as the generation's pins.
     pins: str
@@ -58,10 +58,10 @@ class Flavour:
     series: Optional[str] = None
 
 
-FLAVOURS: Dict[str, Flavour] = {
+EXTRAS: Dict[str, Extra] = {
     f.name: f for f in [
-        Flavour("multimolecule", "ndif-server-multimolecule.txt", ("multimolecule",)),
-        Flavour("multimolecule-patched", "ndif-server-multimolecule.txt", ("multimolecule",),
+        Extra("multimolecule", "ndif-server-multimolecule.txt", ("multimolecule",)),
+        Extra("multimolecule-patched", "ndif-server-multimolecule.txt", ("multimolecule",),
                 series="multimolecule-v0.2.2"),
     ]
 }
@@ -72,34 +72,34 @@ FLAVOURS: Dict[str, Flavour] = {
 SUITE = ("multimolecule",)
 
 
-class FlavourError(ValueError):
-    """An unknown flavour (the message lists the known ones), or two that install the same package."""
+class ExtraError(ValueError):
+    """An unknown extra (the message lists the known ones), or two that install the same package."""
 
 
-def flavours(names: Iterable[str]) -> List[Flavour]:
-    """The named flavours, in a canonical order (so ``--with a,b`` and ``--with b,a`` are one environment)."""
-    unknown = sorted(set(names) - set(FLAVOURS))
+def extras(names: Iterable[str]) -> List[Extra]:
+    """The named extras, in a canonical order (so ``--with a,b`` and ``--with b,a`` are one environment)."""
+    unknown = sorted(set(names) - set(EXTRAS))
     if unknown:
-        raise FlavourError(f"Unknown server flavour(s) {', '.join(unknown)}; "
-                           f"`--with` takes: {', '.join(FLAVOURS)}.")
-    chosen = [FLAVOURS[name] for name in sorted(set(names))]
-    # Two flavours of one package ask for it both as released and patched, say: one venv cannot be both.
-    packages = [module for flavour in chosen for module in flavour.imports]
+        raise ExtraError(f"Unknown extra(s) {', '.join(unknown)}; "
+                           f"`--with` takes: {', '.join(EXTRAS)}.")
+    chosen = [EXTRAS[name] for name in sorted(set(names))]
+    # Two extras of one package ask for it both as released and patched, say: one venv cannot be both.
+    packages = [module for extra in chosen for module in extra.imports]
     twice = sorted({module for module in packages if packages.count(module) > 1})
     if twice:
-        raise FlavourError(f"Server flavours {', '.join(f.name for f in chosen)} each install {', '.join(twice)}; "
+        raise ExtraError(f"Extras {', '.join(f.name for f in chosen)} each install {', '.join(twice)}; "
                            f"choose one of them.")
     return chosen
 
 
 def environ(names: Iterable[str]) -> Dict[str, str]:
-    """What a server process of these flavours is told to import (nothing for the plain server)."""
-    modules = [module for flavour in flavours(names) for module in flavour.imports]
+    """What a server process with these extras is told to import (nothing for the plain server)."""
+    modules = [module for extra in extras(names) for module in extra.imports]
     return {IMPORTS_VARIABLE: ",".join(modules)} if modules else {}
 
 
 def imported() -> List[str]:
-    """Server side: the modules this process's flavours import (from :data:`IMPORTS_VARIABLE`)."""
+    """Server side: the modules this process's extras import (from :data:`IMPORTS_VARIABLE`)."""
     return [module for module in os.environ.get(IMPORTS_VARIABLE, "").split(",") if module]
 
 
@@ -107,9 +107,9 @@ _imported: Dict[str, float] = {}
 
 
 def import_for_models() -> Dict[str, float]:
-    """Server side: import what the flavour's models need (once per process); ``{module: seconds}``.
+    """Server side: import what the extras' models need (once per process); ``{module: seconds}``.
 
-    A module that does not import raises: a flavour's server that cannot build its models must not
+    A module that does not import raises: a server with an extra that cannot build its models must not
     start as if it could (the controller's or actor's death names the error in Ray's logs).
     """
     for module in imported():

@@ -121,7 +121,7 @@ def services_of(cfg: configuration.StackConfig, env: envs.Env) -> List[Service]:
 
 def prepare_python_path(cfg: configuration.StackConfig, env: envs.Env) -> dict:
     """0.0.1: the folder first on every server process's path: the generated ``sitecustomize.py`` and,
-    for the patched flavour, links to the ``patched`` environment's installed nnsight (package and
+    for the patched server build, links to the ``patched`` environment's installed nnsight (package and
     metadata), so the server imports exactly that build; what it imports is checked, not assumed."""
     folder = cfg.python_path_dir
     shutil.rmtree(folder, ignore_errors=True)

@@ -24,9 +24,9 @@ The 0.7 generation differs in what runs, not in how: Redis and moto as above; nd
 ``ray/start.sh`` (Ray head, then the controller, which is :mod:`adaptations_0_0_1`) and ``api/start.sh``
 (gunicorn and its queue dispatcher), run directly with the environment ndif's CLI would give them. Every
 server process first imports a generated ``sitecustomize.py`` that loads the adaptations; for the
-``patched`` server flavour the ``patched`` environment's own nnsight build is linked in front of the
+``patched`` server build the ``patched`` environment's own nnsight build is linked in front of the
 server's stock one. The controller deploys GPT-2 as it starts (its ``served``, under the key
-the server flavour's own client mints) and ``up`` waits until it is HOT; any other key deploys on its
+the server build's own client mints) and ``up`` waits until it is HOT; any other key deploys on its
 first request, under whatever key the client sends (which is what the negative control is about). Each
 model actor records what it built in ``logs/built.jsonl``.
 
@@ -377,8 +377,8 @@ def down(cfg: Optional[configuration.StackConfig] = None, say: Callable[[str], N
 
 def ensure_up(cfg: configuration.StackConfig, say: Callable[[str], None] = errors.say) -> bool:
     """The stack of ``cfg`` running as configured, for callers that may share one: a healthy stack of the
-    same server flavour is used as it is; anything else in its namespace (unhealthy, or the other
-    flavour: one stack per generation runs per cache) is stopped, saying why, and replaced.
+    same server build is used as it is; anything else in its namespace (unhealthy, or the other
+    server build: one stack per generation runs per cache) is stopped, saying why, and replaced.
 
     True when this call brought the stack up (the caller brings it down); False when it was running
     already, and then it is left running.

@@ -33,7 +33,7 @@ import time
 import types
 import warnings
 
-from .. import channel, paths
+from .. import channel, settings
 
 
 def failure(exc: BaseException) -> dict:
@@ -206,7 +206,7 @@ def scan(unit: dict, names: dict, environment: dict) -> dict:
 
 
 def injected(unit_id: str) -> None:
-    for item in filter(None, paths.setting("ZOO_INJECT", "").split(",")):
+    for item in filter(None, settings.setting("ZOO_INJECT", "").split(",")):
         kind, _, target = item.partition("=")
         if target == unit_id and kind == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)

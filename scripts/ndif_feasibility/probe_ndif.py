@@ -1,7 +1,7 @@
 """Can our model panel run on NDIF? Probes declared as data (``probes.toml`` beside this file), sent to a
 live host, results as JSON in ``results/ndif_feasibility/``.
 
-    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--line main,patched,...]
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--pairing main,patched,...]
                                                    [--host URL] [--out DIR]
 
 The command line only; the runner is :mod:`nnsight_repro.ndif.feasibility.runner`, which says what

@@ -1,8 +1,8 @@
-"""The NDIF feasibility probes: can the panel run on a live NDIF host, per client line?
+"""The NDIF feasibility probes: can the panel run on a live NDIF host, per pairing (client x server)?
 
-- ``declarations`` (host, stdlib only): the client lines, the probe file's schema and validation,
+- ``declarations`` (host, stdlib only): the pairings probed, the probe file's schema and validation,
   and matching an observation against a probe's expectation;
-- ``runner`` (host, stdlib only): brings the local stacks up as needed, runs each client line's probes
+- ``runner`` (host, stdlib only): brings the local stacks up as needed, runs each pairing's probes
   through the client, compares, and writes ``results/ndif_feasibility/``; its command line is
   ``scripts/ndif_feasibility/probe_ndif.py``;
 - ``client`` (inside a client environment, in the stack's namespace): runs the probes with that

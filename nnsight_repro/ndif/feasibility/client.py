@@ -1,6 +1,6 @@
 """The client half of the probe runner (:mod:`.runner`): runs validated probes with this interpreter's nnsight.
 
-Started by the runner in a client line's environment (inside the stack's namespace for the local NDIF),
+Started by the runner in a pairing's client environment (inside the stack's namespace for the local NDIF),
 with ``NDIF_HOST`` / ``NDIF_API_KEY`` set the way nnsight reads them. It reads the probes (already
 validated by :mod:`.declarations`) as JSON on stdin and sends one record per event through the result channel
 (:mod:`nnsight_repro.channel`; nnsight's own status display keeps stdout and stderr):
@@ -25,7 +25,7 @@ import time
 import traceback
 import warnings
 
-from nnsight_repro import channel, lines, models, paths
+from nnsight_repro import channel, lines, models, settings
 from nnsight_repro.ndif import socket_race
 
 LINE = lines.current()
@@ -211,7 +211,7 @@ def main() -> int:
         if "model" in probe:
             models.import_requirements(models.get(probe["model"]["panel"]))
     watch_statuses()
-    client = {"line": LINE.name, "env": paths.setting("ENV"), "python": sys.version.split()[0],
+    client = {"line": LINE.name, "env": settings.setting("ENV"), "python": sys.version.split()[0],
               **client_packages(["nnsight", "transformers", "torch", "multimolecule"])}
     # The client half first, so a client killed mid-probe still leaves its versions; the server's /env only
     # after the probes, which must each meet the server as a user's first request would.

@@ -1,5 +1,5 @@
-"""The probe declarations: which client lines exist, what a probe file may say, and whether an
-observation matches what a probe expects.
+"""The probe declarations: which pairings (client x server) the probes run on, what a probe file may say,
+and whether an observation matches what a probe expects.
 
 Host-side and stdlib only (the panel names come from :mod:`nnsight_repro.models`, which imports nothing
 heavy at module level). Reads and validates ``probes.toml``-style files; knows the three probe kinds
@@ -18,15 +18,15 @@ from nnsight_repro import lines, models
 from nnsight_repro.ndif.generations import PAIRINGS, Pairing
 
 
-#: The client lines: the pairings the probe script runs (:data:`nnsight_repro.ndif.generations.PAIRINGS`),
+#: The pairings the probe script runs (those of :data:`nnsight_repro.ndif.generations.PAIRINGS` it probes),
 #: by name.
-CLIENT_LINES: Dict[str, Pairing] = {p.name: p for p in PAIRINGS if p.probed}
+PROBED_PAIRINGS: Dict[str, Pairing] = {p.name: p for p in PAIRINGS if p.probed}
 
 
-def server_generation(client_line: str) -> str:
-    line = CLIENT_LINES[client_line]
-    nnsight = {"stock": "its stock nnsight", "patched": "the project's patched nnsight"}[line.server]
-    return f"local ndif {line.generation.ndif} ({line.line}-line stack) with {nnsight}"
+def server_generation(pairing: str) -> str:
+    declared = PROBED_PAIRINGS[pairing]
+    nnsight = {"stock": "its stock nnsight", "patched": "the project's patched nnsight"}[declared.server]
+    return f"local ndif {declared.generation.ndif} ({declared.line}-line stack) with {nnsight}"
 
 
 KINDS = {
@@ -35,8 +35,8 @@ KINDS = {
     "trace": {"required": {"model", "select", "input", "hook"}, "optional": {"requires"}},
 }
 COMMON = {"id", "isolates", "kind", "expect"}
-#: Optional on every kind: ``expect_with.<flavour>.<client line>``, what a client line observes when its
-#: server has that flavour's packages (``probe_ndif.py --with``), where it differs from ``expect``.
+#: Optional on every kind: ``expect_with.<extra>.<pairing>``, what a pairing observes when its
+#: server has that extra's packages (``probe_ndif.py --with``), where it differs from ``expect``.
 OPTIONAL = {"expect_with"}
 MODEL_FIELDS = {"panel", "repo_id", "revision", "key"}
 
@@ -84,16 +84,16 @@ def validate_probe(at: int, probe) -> None:
             raise ProbeFileError(f"{name}: {field!r} must be a non-empty string")
     expect = probe["expect"]
     if not isinstance(expect, dict):
-        raise ProbeFileError(f"{name}: 'expect' must map client lines to outcomes")
-    unknown_lines = set(expect) - set(CLIENT_LINES)
-    if unknown_lines:
-        raise ProbeFileError(f"{name}: expectation for unknown client line(s) {', '.join(sorted(unknown_lines))} "
-                             f"(client lines: {', '.join(CLIENT_LINES)})")
-    missing_lines = set(CLIENT_LINES) - set(expect)
-    if missing_lines:
-        raise ProbeFileError(f"{name}: no expectation for client line(s) {', '.join(sorted(missing_lines))}")
-    for client_line, value in expect.items():
-        validate_expectation(f"{name} expect.{client_line}", value)
+        raise ProbeFileError(f"{name}: 'expect' must map pairings to outcomes")
+    unknown_pairings = set(expect) - set(PROBED_PAIRINGS)
+    if unknown_pairings:
+        raise ProbeFileError(f"{name}: expectation for unknown pairing(s) {', '.join(sorted(unknown_pairings))} "
+                             f"(pairings: {', '.join(PROBED_PAIRINGS)})")
+    missing_pairings = set(PROBED_PAIRINGS) - set(expect)
+    if missing_pairings:
+        raise ProbeFileError(f"{name}: no expectation for pairing(s) {', '.join(sorted(missing_pairings))}")
+    for pairing, value in expect.items():
+        validate_expectation(f"{name} expect.{pairing}", value)
     validate_expect_with(name, probe.get("expect_with", {}))
     if kind == "env":
         if not isinstance(probe["packages"], list) or not probe["packages"]:
@@ -109,56 +109,56 @@ def validate_expect_with(name: str, expect_with) -> None:
     from nnsight_repro.ndif import server_packages
 
     if not isinstance(expect_with, dict):
-        raise ProbeFileError(f"{name}: 'expect_with' must map server flavours to {{client line = outcome}}")
-    for flavour, by_line in expect_with.items():
-        if flavour not in server_packages.FLAVOURS:
-            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown server flavour "
-                                 f"(flavours: {', '.join(server_packages.FLAVOURS)})")
-        if not isinstance(by_line, dict) or not by_line:
-            raise ProbeFileError(f"{name}: expect_with.{flavour} must map client lines to outcomes")
-        unknown = set(by_line) - set(CLIENT_LINES)
+        raise ProbeFileError(f"{name}: 'expect_with' must map extras to {{pairing = outcome}}")
+    for extra, by_pairing in expect_with.items():
+        if extra not in server_packages.EXTRAS:
+            raise ProbeFileError(f"{name}: expect_with.{extra}: unknown extra "
+                                 f"(extras: {', '.join(server_packages.EXTRAS)})")
+        if not isinstance(by_pairing, dict) or not by_pairing:
+            raise ProbeFileError(f"{name}: expect_with.{extra} must map pairings to outcomes")
+        unknown = set(by_pairing) - set(PROBED_PAIRINGS)
         if unknown:
-            raise ProbeFileError(f"{name}: expect_with.{flavour}: unknown client line(s) {', '.join(sorted(unknown))} "
-                                 f"(client lines: {', '.join(CLIENT_LINES)})")
-        for client_line, value in by_line.items():
-            validate_expectation(f"{name} expect_with.{flavour}.{client_line}", value)
+            raise ProbeFileError(f"{name}: expect_with.{extra}: unknown pairing(s) {', '.join(sorted(unknown))} "
+                                 f"(pairings: {', '.join(PROBED_PAIRINGS)})")
+        for pairing, value in by_pairing.items():
+            validate_expectation(f"{name} expect_with.{extra}.{pairing}", value)
 
 
-def _installs(flavour: str) -> tuple:
+def _installs(extra: str) -> tuple:
     from nnsight_repro.ndif import server_packages
 
-    return server_packages.FLAVOURS[flavour].imports if flavour in server_packages.FLAVOURS else ()
+    return server_packages.EXTRAS[extra].imports if extra in server_packages.EXTRAS else ()
 
 
-def _flavour_entry(probe: dict, flavour: str) -> dict:
-    """``probe``'s ``expect_with`` entry for ``flavour``: its own, else the one named after a package it
+def _extra_entry(probe: dict, extra: str) -> dict:
+    """``probe``'s ``expect_with`` entry for ``extra``: its own, else the one named after a package it
     installs (the probes declare what a server with the package does, and ``multimolecule-patched`` has
     multimolecule too), else none."""
     declared = probe.get("expect_with", {})
-    return declared.get(flavour) or next((declared[m] for m in _installs(flavour) if m in declared), {})
+    return declared.get(extra) or next((declared[m] for m in _installs(extra) if m in declared), {})
 
 
-def expectation(probe: dict, client_line: str, flavours=()):
-    """What ``probe`` expects of ``client_line`` against a server with the packages of ``flavours``: a
-    flavour's own expectation where it gives one (the last flavour named that does), else ``expect``."""
-    expected = probe["expect"][client_line]
-    for flavour in flavours:
-        expected = _flavour_entry(probe, flavour).get(client_line, expected)
+def expectation(probe: dict, pairing: str, extras=()):
+    """What ``probe`` expects of ``pairing`` against a server with the packages of ``extras``: an
+    extra's own expectation where it gives one (the last extra named that does), else ``expect``."""
+    expected = probe["expect"][pairing]
+    for extra in extras:
+        expected = _extra_entry(probe, extra).get(pairing, expected)
     return expected
 
 
-def depends_on_flavours(probe: dict, flavours) -> bool:
-    """Whether a run of ``probe`` against a server with one of ``flavours`` tells something a run against a
-    plain server of the same line does not: it declares an outcome of its own for the flavour (an entry
-    counts for every client line, also those it leaves to ``expect``: that the stock 0.7.0 client still
-    fails there is what the flavour's run shows of it), or it names a package the flavour installs (what a
-    trace ``requires``, what an env probe compares: the flavour's server has that package, a plain one not).
+def depends_on_extras(probe: dict, extras) -> bool:
+    """Whether a run of ``probe`` against a server with one of ``extras`` tells something a run against a
+    plain server of the same line does not: it declares an outcome of its own for the extra (an entry
+    counts for every pairing, also those it leaves to ``expect``: that the stock 0.7.0 client still
+    fails there is what the extra's run shows of it), or it names a package the extra installs (what a
+    trace ``requires``, what an env probe compares: a server with the extra has that package, a plain one not).
 
     Deliberately not counted: a probe that declares the same outcome everywhere and names none of the
-    flavour's packages, although the flavour's server imports those packages in every process that builds
+    extra's packages, although a server with the extra imports those packages in every process that builds
     a model; an encoder traced there is left to whatever else runs on that server."""
     named = set(probe.get("requires", [])) | set(probe.get("packages", []))
-    return any(_flavour_entry(probe, flavour) or named & set(_installs(flavour)) for flavour in flavours)
+    return any(_extra_entry(probe, extra) or named & set(_installs(extra)) for extra in extras)
 
 
 def select(probes: List[dict], text: str) -> List[dict]:
@@ -225,12 +225,12 @@ def load_probes(path: Path) -> List[dict]:
     return data["probe"]
 
 
-def parse_lines(text: str) -> List[str]:
+def parse_pairings(text: str) -> List[str]:
     chosen = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [c for c in chosen if c not in CLIENT_LINES]
+    unknown = [c for c in chosen if c not in PROBED_PAIRINGS]
     if unknown or not chosen:
-        raise ProbeFileError(f"unknown client line(s) {', '.join(unknown) or '(none given)'}; "
-                             f"client lines: {', '.join(CLIENT_LINES)}")
+        raise ProbeFileError(f"unknown pairing(s) {', '.join(unknown) or '(none given)'}; "
+                             f"pairings: {', '.join(PROBED_PAIRINGS)}")
     return chosen
 
 

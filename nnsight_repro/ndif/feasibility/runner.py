@@ -1,37 +1,40 @@
-"""The probe runner (host side): sends validated probes to a live host, one client line at a time,
-and writes one JSON (+ markdown) per client line.
+"""The probe runner (host side): sends validated probes to a live host, one pairing (client x server) at a
+time, and writes one JSON (+ markdown) per pairing.
 
 ``scripts/ndif_feasibility/probe_ndif.py`` is its command line:
 
-    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--probe ID,...] [--line main,patched,...]
+    python3 scripts/ndif_feasibility/probe_ndif.py [--probes FILE] [--probe ID,...] [--pairing main,patched,...]
                                                    [--with multimolecule] [--host URL] [--out DIR]
 
 The probes (``scripts/ndif_feasibility/probes.toml`` by default) are validated by :mod:`.declarations`
 before any request: an unknown field, a missing one, an expectation that contradicts itself or names an
-unknown client line, is an error and exit code 2. ``--probe`` runs only the probes it names (an id the file
-does not declare is refused the same way). Then, per client line, the probes run in that line's
+unknown pairing, is an error and exit code 2. ``--probe`` runs only the probes it names (an id the file
+does not declare is refused the same way). Then, per pairing, the probes run in its client's
 environment (:mod:`.client`, inside the stack's namespace for the local NDIF), one live status line per
-probe; every observation is compared with the probe's expectation for that line, a final table printed,
-and one JSON per line written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
+probe; every observation is compared with the probe's expectation for that pairing, a final table printed,
+and one JSON per pairing written atomically to ``results/ndif_feasibility/`` with a markdown summary beside
 it. Exit 0 only when every observation matched.
 
-Client lines (:data:`.declarations.CLIENT_LINES`, default: all; the probed pairings of
-:data:`nnsight_repro.ndif.generations.PAIRINGS`) are pairings of a client and the local
-server that serves it: ``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
+Pairings (``--pairing``; :data:`.declarations.PROBED_PAIRINGS`, default: all; the probed ones of
+:data:`nnsight_repro.ndif.generations.PAIRINGS`) pair a client with the local server that serves it:
+``main`` (nnsight 0.7.0 on both sides), ``patched`` (the series on both sides),
 ``patched-client-only`` (the series on the client, a stock 0.7.0 server: what a researcher gets against
 today's NDIF) and ``upstream-0.8`` (nnsight 0.8.1 against ndif 0.1.2).
 
 Host: ``--host``, else ``NDIF_HOST`` (with ``NDIF_API_KEY``, as nnsight reads them); with neither, the
-project's local NDIF stack each client line pairs with (the 0.7-line stack with a stock or patched
+project's local NDIF stack of each pairing (the 0.7-line stack with a stock or patched
 server, the 0.8-line stack), brought up if it is not running and brought down afterwards if this run
 brought it up. An unreachable host, or a local stack that does not come up, is recorded as every
-probe's outcome (exit 1). A given host serves every client line as it is; the expectations are those of
+probe's outcome (exit 1). A given host serves every pairing's client as it is; the expectations are those of
 the local pairings.
 
-``--with FLAVOUR`` (as ``ndif up --with``): the server has that flavour's packages. Locally, each client
-line is served by its stack of that flavour (a folder and namespace of its own, :func:`config.default`),
-and every probe is judged by its ``expect_with.<flavour>`` expectation where it declares one
-(:func:`.declarations.expectation`); the results are named ``<client line>+<flavour>-<date>``.
+``--with EXTRA`` (as ``ndif up --with``): the server has that extra's packages. Locally, each pairing
+is served by its stack with that extra (a folder and namespace of its own, :func:`config.default`),
+and every probe is judged by its ``expect_with.<extra>`` expectation where it declares one
+(:func:`.declarations.expectation`); the results are named ``<pairing>+<extra>-<date>``.
+
+``--line`` was this option's old spelling: it is refused (exit 2) with the new one's name, since "line" now
+means an nnsight release line only (``0.7``, ``0.8``).
 
 This runner knows nothing about any single probe: what a probe does is its ``kind``, handled by
 :mod:`.client`.
@@ -51,8 +54,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from nnsight_repro import ROOT, channel, envs, fsutil, provenance
-from .declarations import (CLIENT_LINES, ProbeFileError, describe, expectation, headline, load_probes, matches,
-                           parse_lines, select, server_generation)
+from .declarations import (PROBED_PAIRINGS, ProbeFileError, describe, expectation, headline, load_probes, matches,
+                           parse_pairings, select, server_generation)
 
 DEFAULT_PROBES = ROOT / "scripts" / "ndif_feasibility" / "probes.toml"
 DEFAULT_OUT = ROOT / "results" / "ndif_feasibility"
@@ -108,10 +111,10 @@ class Host:
 
 
 class LocalStacks:
-    """The project's local NDIF stacks, one per client line's pairing; brings down what it brought up.
+    """The project's local NDIF stacks, one per pairing's server; brings down what it brought up.
 
-    One stack per generation runs at a time per cache, so a 0.7 client line whose pairing needs the other
-    server nnsight replaces the running 0.7 stack (said out loud). The runner orders client lines so each
+    One stack per generation runs at a time per cache, so a 0.7 pairing that needs the other
+    server nnsight replaces the running 0.7 stack (said out loud). The runner orders pairings so each
     stack comes up once. Each stack's folder is this run's lease (``stack_state.lease``) from its first use to
     :meth:`down`; run by a lane job, the script is covered by the job's own.
     """
@@ -121,11 +124,11 @@ class LocalStacks:
         self.leases = contextlib.ExitStack()
         self.refused = {}  # stack folder -> the StackError its lease timed out with: not waited out twice
 
-    def host(self, client_line: str) -> Host:
+    def host(self, pairing: str) -> Host:
         from nnsight_repro.ndif import config, errors, stack, stack_state
 
-        line = CLIENT_LINES[client_line]
-        cfg = config.default(line=line.line, server=line.server, extras=self.extras)
+        declared = PROBED_PAIRINGS[pairing]
+        cfg = config.default(line=declared.line, server=declared.server, extras=self.extras)
         if cfg.folder in self.refused:
             raise self.refused[cfg.folder]
         try:
@@ -158,23 +161,23 @@ def local_server(host: Host) -> Optional[dict]:
 
 
 def serving_order(chosen: List[str]) -> List[str]:
-    """Client lines grouped by the stack that serves them, so each local stack comes up once."""
+    """Pairings grouped by the stack that serves them, so each local stack comes up once."""
     first_seen = {}
     for name in chosen:
-        first_seen.setdefault((CLIENT_LINES[name].line, CLIENT_LINES[name].server), len(first_seen))
-    return sorted(chosen, key=lambda n: first_seen[(CLIENT_LINES[n].line, CLIENT_LINES[n].server)])
+        first_seen.setdefault((PROBED_PAIRINGS[name].line, PROBED_PAIRINGS[name].server), len(first_seen))
+    return sorted(chosen, key=lambda n: first_seen[(PROBED_PAIRINGS[n].line, PROBED_PAIRINGS[n].server)])
 
 
 # Running ---------------------------------------------------------------------------------------------
 
-def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
+def run_pairing(pairing: str, probes: List[dict], host: Host, say) -> Tuple[Dict[str, dict], dict]:
     """Observations ``{id: observed}`` and the client's context; one status line per probe as it runs.
 
     A client that sends nothing for :data:`NO_ANSWER_S` is killed: the probe it was on is recorded as
     ``NoAnswer`` and the probes after it run in a fresh client, so one hung request costs one probe (a
     client silent before its first probe costs them all, as ``ClientDied``).
     """
-    env = envs.ensure(CLIENT_LINES[client_line].client)
+    env = envs.ensure(PROBED_PAIRINGS[pairing].client)
     observed: Dict[str, dict] = {}
     context: dict = {}
     trail: Dict[str, List[str]] = {}
@@ -183,7 +186,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
         # Events come through the result channel; nnsight's progress display on stdout/stderr stays a log.
         client = channel.start(host.command(env, ["-m", CLIENT_MODULE]), env=host.environ(env), cwd=ROOT,
                                input=json.dumps(pending),
-                               what=f"the {client_line} probe client in the {env.name!r} environment")
+                               what=f"the {pairing} probe client in the {env.name!r} environment")
         current, started, died, silent = None, 0.0, None, False
         while True:
             try:
@@ -219,7 +222,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
             pending = pending[[p["id"] for p in pending].index(current) + 1:]
             after = "; the probes after this one ran in a fresh client" if pending else ""
             observed[current] = {"status": "error", "error": "NoAnswer",
-                                 "message": f"the {client_line} client sent nothing for {NO_ANSWER_S:g} s "
+                                 "message": f"the {pairing} client sent nothing for {NO_ANSWER_S:g} s "
                                             f"(last server status: {statuses[-1] if statuses else 'none'}) and "
                                             f"was killed{after}",
                                  "client_stderr_tail": stderr_tail,
@@ -231,7 +234,7 @@ def run_line(client_line: str, probes: List[dict], host: Host, say) -> Tuple[Dic
             if probe["id"] not in observed:
                 # The client died before reaching this probe: that is its observation.
                 observed[probe["id"]] = {"status": "error", "error": "ClientDied",
-                                         "message": f"the {client_line} client exited with code {returncode} "
+                                         "message": f"the {pairing} client exited with code {returncode} "
                                                     f"before this probe finished"
                                                     + (f" ({died.reason})" if died else ""),
                                          "client_stderr_tail": stderr_tail,
@@ -259,9 +262,10 @@ def table(rows: List[dict]) -> str:
 def markdown(record: dict) -> str:
     ctx, made = record["context"], record["provenance"]
     server = made["server"]
-    out = [f"# NDIF feasibility: client line `{record['client_line']}`", "",
+    out = [f"# NDIF feasibility: pairing `{record['client_line']}`", "",
            f"- made by `{made['command']}` on {made['host']} at {made['date']}",
            f"- server: {server['url']} ({server['kind']}; {server['generation']}"
+           # "flavours": the extras under the old word, which the records keep (see pairing_record).
            + "".join(f", with {name}" for name in server.get("flavours", [])) + ")",
            f"- local server: {json.dumps(server.get('local'))}",
            f"- client: {json.dumps(ctx.get('client'))}", f"- server /env: {json.dumps(ctx.get('server_env'))}",
@@ -275,6 +279,14 @@ def markdown(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+class OldSpelling(argparse.Action):
+    """``--line``, the old spelling of ``--pairing``: refused (exit 2) with the new name, not taken as an
+    alias, because "line" now means an nnsight release line only (``0.7``, ``0.8``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now --pairing (a client x server pairing: {', '.join(PROBED_PAIRINGS)})")
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="probe_ndif.py", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -282,46 +294,53 @@ def parser() -> argparse.ArgumentParser:
         epilog=f"exit status:\n"
                f"  0  every probe observed what its declaration expects\n"
                f"  {EXIT_MISMATCH}  some probe observed something else (the record says which)\n"
-               f"  {EXIT_BAD_INPUT}  bad input: the probe file, --probe, --line or --with (recorded as refused)\n")
+               f"  {EXIT_BAD_INPUT}  bad input: the probe file, --probe, --pairing or --with (recorded as refused),\n"
+               f"     or --line, the old spelling of --pairing\n")
     parser.add_argument("--probes", type=Path, default=DEFAULT_PROBES,
                         help=f"the probe declarations, TOML (default: {DEFAULT_PROBES.relative_to(ROOT)}; its schema "
                              f"is at its top)")
     parser.add_argument("--probe", metavar="ID,...", help="only these probes of the file, comma-separated ids "
                                                           "(default: every probe)")
-    parser.add_argument("--line", default=",".join(CLIENT_LINES),
-                        help=f"client line(s), comma-separated (default: all): {', '.join(CLIENT_LINES)}")
-    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="FLAVOUR",
-                        help="the server has this flavour's packages (repeatable; as `ndif up --with`): "
-                             "local stacks of that flavour, and each probe's expect_with.<flavour>")
+    parser.add_argument("--pairing", default=",".join(PROBED_PAIRINGS), metavar="PAIRING,...",
+                        help=f"client x server pairing(s), comma-separated (default: all): "
+                             f"{', '.join(PROBED_PAIRINGS)}")
+    parser.add_argument("--line", action=OldSpelling, nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--with", dest="extras", action="append", default=[], metavar="EXTRA",
+                        help="the server has this extra's packages (repeatable; as `ndif up --with`): "
+                             "local stacks with that extra, and each probe's expect_with.<extra>")
     parser.add_argument("--host", default=None, help="NDIF API URL (default: NDIF_HOST, else the local NDIF)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"directory for the records, <client line>-<stamp>.json and .md "
+                        help=f"directory for the records, <pairing>-<stamp>.json and .md "
                              f"(default: {DEFAULT_OUT.relative_to(ROOT)})")
     return parser
 
 
-def host_for(client_line: str, given: Optional[Host], local: LocalStacks):
-    """``(host, why)``: where ``client_line``'s probes go, and why none can (None: they can)."""
+def host_for(pairing: str, given: Optional[Host], local: LocalStacks):
+    """``(host, why)``: where ``pairing``'s probes go, and why none can (None: they can)."""
     try:
-        host = given or local.host(client_line)
+        host = given or local.host(pairing)
     except Exception as exc:  # the local stack did not come up: that is every probe's outcome
         return (Host("(local NDIF stack)", None),
-                f"the local NDIF stack for {client_line} did not come up: {type(exc).__name__}: {exc}")
+                f"the local NDIF stack for {pairing} did not come up: {type(exc).__name__}: {exc}")
     why = host.reachable()
     return host, why and f"NDIF host {host.url} is unreachable: {why}"
 
 
-def line_record(client_line: str, probes: List[dict], extras: tuple, observed: dict, context: dict) -> dict:
-    """One client line's record: each probe's expectation beside what was observed (its keys in the order
-    the records have always had; the caller adds ``seconds`` and ``provenance``)."""
+def pairing_record(pairing: str, probes: List[dict], extras: tuple, observed: dict, context: dict) -> dict:
+    """One pairing's record: each probe's expectation beside what was observed (its keys in the order
+    the records have always had; the caller adds ``seconds`` and ``provenance``).
+
+    The keys keep their old words (``client_line`` for the pairing, ``server_flavours`` for the extras, and
+    the provenance's ``server.flavours``), so new records compare with the committed ones and their readers
+    need one spelling."""
     rows = []
     for probe in probes:
-        expected = expectation(probe, client_line, extras)
+        expected = expectation(probe, pairing, extras)
         rows.append({"id": probe["id"], "declaration": probe, "expected": expected,
                      "observed": observed[probe["id"]], "matched": matches(expected, observed[probe["id"]])})
-    return {"client_line": client_line, "server_flavours": list(extras),
+    return {"client_line": pairing, "server_flavours": list(extras),
             "all_matched": all(r["matched"] for r in rows), "probes": rows, "seconds": None,
-            "context": {"pairing": CLIENT_LINES[client_line].shows, **context}, "provenance": None}
+            "context": {"pairing": PROBED_PAIRINGS[pairing].shows, **context}, "provenance": None}
 
 
 def main(argv=None) -> int:
@@ -333,11 +352,12 @@ def main(argv=None) -> int:
     command = provenance.command_line()
 
     def refuse(message: str, code: int) -> int:
-        # Refused before any request, and recorded like a run: the refusal is the outcome.
+        # Refused before any request, and recorded like a run: the refusal is the outcome. Its "lines" detail
+        # is the chosen pairings under the old word, kept so new refusals read like the committed ones.
         print(f"probe_ndif: error: {message}", file=sys.stderr)
         fsutil.write_text(args.out / f"refused-{provenance.stamp()}.json", json.dumps(
             {"refused": message, "exit_code": code,
-             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.line,
+             "provenance": provenance.record(command, details={"probe_file": str(args.probes), "lines": args.pairing,
                                                                "probe_option": args.probe})},
             indent=1) + "\n")
         return code
@@ -345,12 +365,12 @@ def main(argv=None) -> int:
     from nnsight_repro.ndif import server_packages
 
     try:
-        chosen = parse_lines(args.line)
+        chosen = parse_pairings(args.pairing)
         probes = load_probes(args.probes)
         if args.probe is not None:
             probes = select(probes, args.probe)
-        extras = tuple(f.name for f in server_packages.flavours(args.extras))
-    except (ProbeFileError, server_packages.FlavourError) as exc:
+        extras = tuple(f.name for f in server_packages.extras(args.extras))
+    except (ProbeFileError, server_packages.ExtraError) as exc:
         return refuse(str(exc), EXIT_BAD_INPUT)
 
     url = args.host or os.environ.get("NDIF_HOST")
@@ -360,16 +380,16 @@ def main(argv=None) -> int:
     suffix = "".join(f"+{name}" for name in extras)
     exit_code = 0
     try:
-        for client_line in serving_order(chosen):
+        for pairing in serving_order(chosen):
             started = time.perf_counter()
-            host, why = host_for(client_line, given, local)
-            say(f"client line {client_line} ({CLIENT_LINES[client_line].shows}) -> {host.url} ({host.kind})")
+            host, why = host_for(pairing, given, local)
+            say(f"pairing {pairing} ({PROBED_PAIRINGS[pairing].shows}) -> {host.url} ({host.kind})")
             if why:
                 say(why)
                 observed, context = unreachable(probes, why), {}
             else:
-                observed, context = run_line(client_line, probes, host, say)
-            record = line_record(client_line, probes, extras, observed, context)
+                observed, context = run_pairing(pairing, probes, host, say)
+            record = pairing_record(pairing, probes, extras, observed, context)
             record["seconds"] = round(time.perf_counter() - started, 3)
             record["provenance"] = provenance.record(
                 command,
@@ -377,17 +397,17 @@ def main(argv=None) -> int:
                           "server": (context.get("server_env") or {}).get("packages")
                           or (local_server(host) or {}).get("nnsight") or {}},
                 server={"url": host.url, "kind": host.kind, "api_key_given": bool(host.api_key),
-                        "generation": server_generation(client_line) if not given else "as the host reports",
+                        "generation": server_generation(pairing) if not given else "as the host reports",
                         "flavours": list(extras),
                         # What the local server runs, read from the stack's own state (ndif 0.0.1 has no /env).
                         "local": local_server(host)},
                 details={"probe_file": str(args.probes), "probe_option": args.probe})
-            target = args.out / f"{client_line}{suffix}-{provenance.stamp()}.json"
+            target = args.out / f"{pairing}{suffix}-{provenance.stamp()}.json"
             fsutil.write_text(target, json.dumps(record, indent=1, default=str) + "\n")
             fsutil.write_text(target.with_suffix(".md"), markdown(record))
             print(table(record["probes"]), flush=True)
             all_matched = record["all_matched"]
-            say(f"{client_line}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
+            say(f"{pairing}: {'every observation matched' if all_matched else 'MISMATCH'}; wrote {target}")
             if not all_matched:
                 exit_code = EXIT_MISMATCH
     finally:

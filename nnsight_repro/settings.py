@@ -1,6 +1,6 @@
-"""Where the project keeps what it builds, and every ``NNSIGHT_REPRO_*`` variable it reads: one cache
-shared by every checkout, and one table of settings; and the variables that keep Hugging Face's libraries
-off the network (:data:`HF_OFFLINE`).
+"""The project's settings: one table of every ``NNSIGHT_REPRO_*`` variable it reads, among them where it keeps
+what it builds (one cache shared by every checkout, :func:`cache_dir`); and the variables that keep Hugging
+Face's libraries off the network (:data:`HF_OFFLINE`).
 
 Every module reads a setting through :func:`setting` (and names a variable it sets for a child through
 :func:`variable`), so the table below is the whole list.
@@ -28,7 +28,7 @@ SETTINGS = {
                   "in test order (benchmarks/bench_suite.py's baseline)",
     "ZOO_INJECT": "zoo tests: segfault=<unit>,hang=<unit> makes a worker die or hang at that unit",
     "NDIF_BUILT_LOG": "set by a stack for its server processes: where each model actor records what it built",
-    "NDIF_SERVER_IMPORTS": "set by a flavoured stack (--with) for its server processes: the packages imported "
+    "NDIF_SERVER_IMPORTS": "set by a stack with extras (--with) for its server processes: the packages imported "
                            "before a model is built (nnsight_repro/ndif/server_packages.py)",
     "NDIF_<SERVICE>_PORT": "a local NDIF stack's port for <SERVICE> (API, REDIS, S3, ...)",
 }
@@ -44,7 +44,7 @@ def variable(name: str) -> str:
     """The environment variable of the setting ``name``."""
     known = name in SETTINGS or (name.startswith("NDIF_") and name.endswith("_PORT"))
     if not known:
-        raise KeyError(f"{name!r} is not a setting of nnsight_repro.paths.SETTINGS")
+        raise KeyError(f"{name!r} is not a setting of nnsight_repro.settings.SETTINGS")
     return f"NNSIGHT_REPRO_{name}"
 
 
