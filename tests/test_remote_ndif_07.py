@@ -24,7 +24,7 @@ import pytest
 
 from nnsight_repro import ROOT, channel
 from nnsight_repro.ndif import config, negative_control, server_env, server_packages, services, stack
-from nnsight_repro.paths import cache_dir
+from nnsight_repro.settings import cache_dir
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 #: The class each masked LM must be rebuilt as: what the key's automodel selects.
