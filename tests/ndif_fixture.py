@@ -3,22 +3,25 @@
 One cold stack per server generation, each with multimolecule installed (``server_packages.SUITE``), runs every
 live check of its generation:
 
-- 0.8 (ndif 0.1.2): ``ndif_stack``, brought up in the session's own process when a test first asks for it;
-  ``ndif08_batch`` runs :data:`CI_PANEL` on it through the panel's code; ``ndif08_out_of_memory`` breaks it,
-  after every other test (:func:`pytest_collection_modifyitems`).
-- 0.7 (ndif 0.0.1, stock nnsight 0.7.0, what the public NDIF runs): the live-stack lane's one job
-  (:data:`LANE_JOBS`, ``tests/stack_lane.py``), run in a process of its own from before the first test while
-  the offline tests run: the panel batch, then everything else of that generation on the same stack, its API
-  killed last (``ndif07``, and ``ndif07_stock`` for what ran while it was up). The modules that read it run
-  after the rest, so the offline tests have its cold start to overlap. ``NNSIGHT_REPRO_STACK_LANE=on-demand``
-  runs the job when a test first asks for it instead.
+- 0.8 (ndif 0.1.2): the lane job ``ndif08`` brings it up and runs :data:`CI_PANEL` on it through the panel's
+  code and the probe script, and leaves it up; ``ndif_stack`` then hands it to the remote tests of the
+  session's own process, and ``ndif08_out_of_memory`` breaks it, after every other test
+  (:func:`pytest_collection_modifyitems`).
+- 0.7 (ndif 0.0.1, stock nnsight 0.7.0, what the public NDIF runs): the lane job ``ndif07``: the panel batch,
+  then everything else of that generation on the same stack, its API killed last (``ndif07``, and
+  ``ndif07_stock`` for what ran while it was up); the stack is down when the job ends.
+
+The lane (``tests/stack_lane.py``, :mod:`nnsight_repro.lane`) runs each job in a process of its own from before
+the first test, while the offline tests run, and the modules that read a job run after the rest, so the
+offline tests have both cold starts to overlap. ``NNSIGHT_REPRO_STACK_LANE=on-demand`` runs a job when a test
+first asks for it instead.
 
 Not started here: the 0.7 stack with the patched server nnsight, and stacks without multimolecule. Every 0.7
 client x server pairing is checked offline as a model actor loads a request (``tests/test_wire.py``), and the
 live runs of those stacks are commands whose records are committed: ``ndif negative-control``
 (results/ndif_0.7) and ``probe_ndif.py`` (results/ndif_feasibility).
 
-``ndif_stack`` tears down at the end only what it started. A stack a developer already started with
+The session brings down at the end only what it started. A stack a developer already started with
 ``nnsight-repro ndif up --with multimolecule`` is used as it is and left running, if it is healthy; an
 unhealthy leftover is stopped and replaced. When a stack cannot be brought up the fixtures raise: remote
 tests then fail with the reason, they never skip. Each stack a session uses is its folder's ``stack_state.lease``
@@ -76,18 +79,32 @@ def terminal_line(request):
 
 
 @pytest.fixture(scope="session")
-def ndif_stack(terminal_line):
-    """The session's local NDIF stack (see the module docstring): ``.cfg``, ``.state``, ``.run(cases)``."""
-
+def ndif_stack(ndif08, terminal_line):
+    """The session's 0.8 stack, which the lane job ``ndif08`` brought up (see the module docstring):
+    ``.cfg``, ``.state``, ``.run(cases)``. It is this session's to bring down if that job started it."""
     cfg = config.default(extras=server_packages.SUITE)
     # A wait for another session's lease is said where the user sees it: it can last minutes.
     with stack_state.lease(cfg, say=lambda message: terminal_line(f"[ndif] {message}")):
-        owned = stack.ensure_up(cfg)
+        # Up already, unless it died since the job: then it is replaced here, and brought down here too.
+        replaced = stack.ensure_up(cfg)
         try:
-            yield NdifStack(cfg, stack_state.read_state(cfg), owned=owned)
+            yield NdifStack(cfg, stack_state.read_state(cfg), owned=replaced or ndif08["owned"])
         finally:
-            if owned:
+            if replaced:
                 stack.down(cfg)
+
+
+def _up_with_everything_on_08(stack_args: dict, scratch) -> dict:
+    """The 0.8 generation's stack brought up (or a healthy one found, as ``ndif_stack`` would) and left up for
+    the session's remote tests, after :data:`CI_PANEL` through the panel's code
+    (:func:`nnsight_repro.ndif.panel.run_on_running_stack`) and the probe script (:func:`probe_script`) ran on
+    it: the lane runs this beside the offline tests, which have its cold start to overlap. ``owned``: whether
+    the job started the stack (the session then brings it down)."""
+    cfg = config.default(**stack_args)
+    with stack_state.lease(cfg):
+        owned = stack.ensure_up(cfg)
+        return {"owned": owned, "batch": panel.run_on_running_stack(cfg, CI_PANEL, 1),
+                "probes": probe_script(cfg, scratch / "probes")}
 
 
 def _everything_against_07(stack_args: dict, scratch) -> dict:
@@ -113,7 +130,7 @@ def _everything_against_07(stack_args: dict, scratch) -> dict:
             result["second_up"] = str(exc)
         result["healthy_after_second_up"] = health.healthy(cfg)
         result["netns"] = cfg.netns
-        result["ray_clients"] = stack_clients.ray_client_connects(cfg, count=16, parallel=2)
+        result["ray_clients"] = stack_clients.ray_client_connects(cfg, count=8, parallel=2)
         (scratch / "envoy-subclass").mkdir()
         result["envoy_subclass"] = run_live(cfg, scratch / "envoy-subclass")
         result["probes"] = probe_script(cfg, scratch / "probes")
@@ -157,9 +174,8 @@ PROBE_SCRIPT_TIMEOUT_S = 1800
 def probe_script(cfg, out) -> dict:
     """``probe_ndif.py`` run as a user runs it (no ``NDIF_HOST``) for every pairing the running stack
     of ``cfg`` serves, every probe: the script finds that healthy stack with its extras and uses it as it is,
-    so the session starts no stack for the probes. Its records by pairing, its output, and whether the
-    stack was still up after it."""
-
+    so the session starts no stack for the probes. Its records by pairing, the folder it wrote them to
+    (``out``), its output, and whether the stack was still up after it."""
     pairings = [name for name, p in PROBED_PAIRINGS.items() if p.line == cfg.line and p.server == cfg.server]
     suffix = "".join(f"+{name}" for name in cfg.extras)
     out.mkdir()
@@ -182,7 +198,7 @@ def probe_script(cfg, out) -> dict:
             # The lane interrupted (SIGTERM): the script and its clients go first, so the stack can come down.
             os.killpg(run.pid, signal.SIGKILL)
             raise
-    return {"returncode": returncode, "stdout": stdout, "stderr": stderr,
+    return {"returncode": returncode, "stdout": stdout, "stderr": stderr, "out": str(out),
             "records": {name: [json.loads(p.read_text()) for p in sorted(out.glob(f"{name}{suffix}-2*.json"))]
                         for name in pairings},
             "stack_still_up": health.healthy(cfg)}
@@ -210,10 +226,22 @@ CI_PANEL = ["rnabert", "antiberty"]
 
 
 @pytest.fixture(scope="session")
-def ndif08_batch(ndif_stack):
+def ndif08(live_stack_lane):
+    """The 0.8 generation's lane job (:func:`_up_with_everything_on_08`); its stack is up after it, and down
+    at the end of the session if the job started it."""
+    record = live_stack_lane.result("ndif08")
+    try:
+        yield record
+    finally:
+        if record["owned"]:
+            bring_down("ndif08")
+
+
+@pytest.fixture(scope="session")
+def ndif08_batch(ndif08):
     """:data:`CI_PANEL` on the session's 0.8 stack through the panel command's code (deployed, traced by every
     client of the generation, rows judged): the batch's record, its rows by (model, client, trace) in ``by``."""
-    return _by_row(panel.run_on_running_stack(ndif_stack.cfg, CI_PANEL, 1))
+    return _by_row(ndif08["batch"])
 
 
 @pytest.fixture(scope="session")
@@ -280,6 +308,7 @@ def _by_row(batch: dict) -> dict:
 #: and brings it down before it returns (a JSON record); the session brings it down again when the job returned
 #: no result. ``scratch``: a folder of the job's own.
 LANE_JOBS = {
+    "ndif08": (_up_with_everything_on_08, {"extras": server_packages.SUITE}),
     "ndif07": (_everything_against_07, {"line": "0.7", "extras": server_packages.SUITE}),
 }
 #: The same jobs as the lane calls them, ``run(scratch)``.

@@ -67,7 +67,10 @@ def live_stack_lane(request, tmp_path_factory, terminal_line):
     jobs = needed(request.session.items, LANE_JOBS) if lane.mode() == "ahead" else []
     if jobs:
         terminal_line(f"[ndif] live stacks beside the tests: {', '.join(jobs)} (log: {running.log})")
-        running.start(jobs)
+        # One lane per job: each brings up a stack of its own, and two cold starts beside the offline tests
+        # fill the cores better than one after the other.
+        for job in jobs:
+            running.start([job])
     try:
         yield running
     finally:

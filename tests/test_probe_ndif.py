@@ -74,10 +74,10 @@ def closed_port() -> int:
 # The real probes against the local NDIF ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def probe_run(ndif_stack, tmp_path_factory):
-    out = tmp_path_factory.mktemp("probe_run")
-    result = run_script("--with", "multimolecule", "--pairing", "upstream-0.8", out=out)
-    return result, out
+def probe_run(ndif08):
+    """The probe script's run against the 0.8 stack, every probe, ``--with multimolecule``, made by the lane
+    job that brought that stack up (tests/ndif_fixture.py ``probe_script``): what it said, and its folder."""
+    return ndif08["probes"], Path(ndif08["probes"]["out"])
 
 
 #: How the 0.8 run's records are named: pairing, then the server's extras.
@@ -86,7 +86,7 @@ PREFIX_08 = "upstream-0.8+multimolecule-"
 
 def test_every_probe_observation_matches_its_declaration_against_local_ndif(probe_run):
     result, out = probe_run
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result["returncode"] == 0, result["stdout"][-3000:] + result["stderr"][-3000:]
     (record,) = records(out, PREFIX_08)
     assert len(record["probes"]) == 8
     mismatched = [(p["id"], p["expected"], p["observed"]) for p in record["probes"] if not p["matched"]]
@@ -120,7 +120,7 @@ def test_remote_traces_report_their_server_statuses_live(probe_run):
         if probe["declaration"]["kind"] == "trace" and probe["observed"]["status"] == "ok":
             assert probe["observed"]["statuses"][0] == "RECEIVED"
             assert probe["observed"]["statuses"][-1] == "COMPLETED"
-            assert f"[probe_ndif] {probe['id']}: RUNNING" in result.stdout
+            assert f"[probe_ndif] {probe['id']}: RUNNING" in result["stdout"]
 
 
 # The multimolecule extra: the RNA probes observe a remote trace --------------------------------------
