@@ -61,7 +61,7 @@ def assert_write_within_bf16_tolerance(record):
 
 # Stock server ----------------------------------------------------------------------------------------
 
-def test_ndif07_stock_serves_the_decoder_control_to_a_stock_client(ndif07_stock):
+def test_stock_server_serves_the_decoder_control_to_a_stock_client(ndif07_stock):
     record = case(ndif07_stock, "main", "gpt2")
     assert_within_bf16_tolerance(record)
     assert built_for(ndif07_stock, record["key"]) == ["GPT2LMHeadModel"]
@@ -77,7 +77,7 @@ def test_stock_client_bert_fails_on_the_server_with_hooked_output_name_error(ndi
 
 
 @pytest.mark.parametrize("model, built", MASKED_LM_CLASSES)
-def test_patched_client_encoder_reads_run_on_a_ndif07_stock(ndif07_stock, model, built):
+def test_patched_client_encoder_reads_run_on_a_stock_server(ndif07_stock, model, built):
     """What the public NDIF runs: a stock server, and a client with the series."""
     record = case(ndif07_stock, "patched", model)
     assert_within_bf16_tolerance(record)
@@ -88,17 +88,17 @@ def test_patched_client_encoder_reads_run_on_a_ndif07_stock(ndif07_stock, model,
 
 
 @pytest.mark.parametrize("model", ["bert-mlm", "esm-mlm"])
-def test_patched_client_encoder_writes_run_on_a_ndif07_stock(ndif07_stock, model):
+def test_patched_client_encoder_writes_run_on_a_stock_server(ndif07_stock, model):
     assert_write_within_bf16_tolerance(case(ndif07_stock, "patched", model, "write"))
 
 
 @pytest.mark.parametrize("client", ["main", "patched"])
-def test_decoder_reads_and_writes_run_on_a_ndif07_stock_from_either_client(ndif07_stock, client):
+def test_decoder_reads_and_writes_run_on_a_stock_server_from_either_client(ndif07_stock, client):
     assert_within_bf16_tolerance(case(ndif07_stock, client, "gpt2"))
     assert_write_within_bf16_tolerance(case(ndif07_stock, client, "gpt2", "write"))
 
 
-def test_ndif07_stock_runs_its_own_stock_nnsight(ndif07_stock):
+def test_stock_server_runs_its_own_stock_nnsight(ndif07_stock):
     env = str(server_env.path("0.7", server_packages.SUITE)) + "/"
     assert ndif07_stock["server_nnsight"]["file"].startswith(env), ndif07_stock["server_nnsight"]
     assert all(b["nnsight_file"].startswith(env) for b in ndif07_stock["built"]), ndif07_stock["built"]
