@@ -41,3 +41,12 @@ def test_no_version_string_branch_outside_the_generations_and_the_lines_table():
              if path not in allowed
              for number, text in enumerate(path.read_text().splitlines(), 1) if branch.search(text)]
     assert found == []
+
+
+def test_every_generations_ray_processes_run_without_grpcs_fork_support_and_its_api_keeps_it(tmp_path):
+    # With it on, about one in six Ray client servers died as they forked (generations.RAY_ENV); the live
+    # stacks' Ray-client loops (tests/test_remote_ndif_07.py) see that only by chance.
+    for line in generations.GENERATIONS:
+        cfg = config.StackConfig(folder=tmp_path / line, line=line)
+        assert cfg.environ(tmp_path / "bin", role="ray")["GRPC_ENABLE_FORK_SUPPORT"] == "false"
+        assert "GRPC_ENABLE_FORK_SUPPORT" not in cfg.environ(tmp_path / "bin", role="api")

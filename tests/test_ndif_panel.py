@@ -6,6 +6,7 @@ sections); the whole panel is ``python3 -m nnsight_repro ndif panel``, whose rea
 """
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -211,6 +212,19 @@ def test_server_imports_what_its_extras_name_and_a_missing_package_raises(monkey
     monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "no_such_package_for_nnsight_repro")
     with pytest.raises(ModuleNotFoundError):
         server_packages.import_for_models()
+
+
+@pytest.mark.parametrize("model_type, imports", [("bert", False), ("rnabert", True), (None, True)])
+def test_a_model_actor_imports_the_extras_only_for_a_model_type_transformers_does_not_know(
+        monkeypatch, tmp_path, model_type, imports):
+    monkeypatch.setenv(server_packages.IMPORTS_VARIABLE, "colorsys")
+    monkeypatch.setattr(server_packages, "_imported", {})
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    if model_type:  # else no config.json to read: the extras are imported
+        (checkpoint / "config.json").write_text(json.dumps({"model_type": model_type}))
+    key = "nnsight.modeling.language.LanguageModel:" + json.dumps({"repo_id": str(checkpoint), "revision": None})
+    assert ("colorsys" in server_packages.import_for_models(key)) is imports
 
 
 def test_server_environment_with_an_extra_has_its_own_name_and_inputs_and_the_plain_one_keeps_its_digest():

@@ -133,10 +133,11 @@ def test_stack_deploys_gpt2_at_start_under_its_own_clients_key(ndif07_stock):
 
 
 def test_every_ray_client_connecting_as_the_api_does_gets_its_server(ndif07_stock):
-    # With gRPC's fork support on in Ray's processes, 18 of 122 such connects (measured) lost their
-    # server at start and waited 30 s (generations.RAY_ENV); 32 would miss that less than once in a hundred runs.
+    # With gRPC's fork support on in Ray's processes, 18 of 122 such connects (measured) lost their server at
+    # start and waited 30 s (generations.RAY_ENV, which tests/test_generations.py checks every Ray process
+    # gets); 16 connects would see that about 19 times in 20.
     attempts = ndif07_stock["ray_clients"]
-    assert len(attempts) == 32
+    assert len(attempts) == 16
     assert [a for a in attempts if not a["ok"]] == []
 
 

@@ -302,7 +302,7 @@ def _load_on_the_cpu(actor):
     from nnsight_repro.ndif import server_packages
     from src.ray.deployments.modeling.util import load_with_cache_deletion_retry
 
-    server_packages.import_for_models()  # [A13]
+    server_packages.import_for_models(actor.model_key)  # [A13]
     started = time.time()
     model = load_with_cache_deletion_retry(lambda: RemoteableMixin.from_model_key(
         actor.model_key, device_map="auto", dispatch=actor.dispatch, torch_dtype=actor.dtype,

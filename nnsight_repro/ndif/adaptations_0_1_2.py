@@ -54,7 +54,7 @@ class CPUModelActor(BaseModelDeployment):
     CACHEABLE = False
 
     def load_from_disk(self) -> HuggingFaceModel:
-        server_packages.import_for_models()
+        server_packages.import_for_models(self.model_key)
         started = time.time()
         model = HuggingFaceModel.from_model_key(
             self.model_key, dispatch=True, dtype=self.dtype_name, device="cpu", **self.kwargs)

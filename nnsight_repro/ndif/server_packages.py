@@ -19,7 +19,7 @@ How, in one place:
   kinds of process that build a model from a key call :func:`import_for_models` before they do: the
   controller (both generations size a model by building it on the meta device from its key: 0.1.2's
   evaluator through ``describe_checkpoint``, 0.0.1's through ``from_model_key``) and the model actor that
-  loads it. Both are ours already (``adaptations_0_1_2``, ``adaptations_0_0_1``). Not a ``.pth`` or
+  loads it, which imports them only for a model type transformers does not know by itself. Both are ours already (``adaptations_0_1_2``, ``adaptations_0_0_1``). Not a ``.pth`` or
   ``sitecustomize`` import: that would cost every server process (Ray's dashboard, its agents, the API's
   workers) multimolecule's ~10 s and ~570 MB import, for nothing.
 - **allowed in a request**: a request for an extra's model carries that model's config class
@@ -29,16 +29,18 @@ How, in one place:
   ndif 0.1.2 has no such whitelist.
 
 Stdlib only: the host reads :data:`EXTRAS`, and server processes call :func:`import_for_models` before
-anything else of theirs is imported.
+anything else of theirs is imported (transformers only to tell a model actor's model type).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 from ..settings import variable
@@ -106,12 +108,19 @@ def imported() -> List[str]:
 _imported: Dict[str, float] = {}
 
 
-def import_for_models() -> Dict[str, float]:
+def import_for_models(model_key: Optional[str] = None) -> Dict[str, float]:
     """Server side: import what the extras' models need (once per process); ``{module: seconds}``.
+
+    With ``model_key`` (a model actor, which builds that one model), only when transformers does not know the
+    model's type by itself: an extra's package registers its own model types, and an actor that builds a BERT
+    would otherwise pay multimolecule's import (some 10 s of a core) for nothing. The controller sizes every
+    model it deploys, so it imports them whatever the model.
 
     A module that does not import raises: a server with an extra that cannot build its models must not
     start as if it could (the controller's or actor's death names the error in Ray's logs).
     """
+    if model_key is not None and _transformers_knows(model_key):
+        return dict(_imported)
     for module in imported():
         if module not in _imported:
             started = time.monotonic()
@@ -120,3 +129,16 @@ def import_for_models() -> Dict[str, float]:
             print(f"[nnsight-repro] imported {module} for model builds in {_imported[module]} s "
                   f"(pid {os.getpid()})", file=sys.stderr, flush=True)
     return dict(_imported)
+
+
+def _transformers_knows(model_key: str) -> bool:
+    """Whether the key's checkpoint is a local folder whose ``config.json`` names a model type transformers
+    registers itself; False whenever that cannot be told (the extras are imported then)."""
+    try:
+        repo = json.loads(model_key.split(":", 1)[1])["repo_id"]
+        model_type = json.loads((Path(repo) / "config.json").read_text())["model_type"]
+    except (IndexError, KeyError, OSError, TypeError, ValueError):
+        return False
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
