@@ -7,7 +7,7 @@
 Every measurement gets its own empty scratch cache (``NNSIGHT_REPRO_CACHE``, on the same file system as the
 default cache so uv can hard-link): nothing is shared between them but this machine's find-links directory
 (the local CPU torch wheel) and the operating system's page cache. Builds are run as the project runs them
-(``python3 -m nnsight_repro envs build ...``; the two NDIF server environments through ``server_env.ensure``)
+(``cli.setup``, as the test command builds them: the two NDIF server environments with the suite's extras)
 and timed per environment from its own "built ... in N s" line.
 
 - ``serial``: one environment after another (``NNSIGHT_REPRO_BUILD_PARALLEL=1``), in the order the test
@@ -42,8 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from nnsight_repro import envs, provenance, settings, uvtool  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS, TOOL_ENVS  # noqa: E402
+from nnsight_repro.ndif import server_env, server_packages  # noqa: E402
 
-SERVERS = ["ndif-server", "ndif-server-0.7"]
+#: The server environments the test command builds: each generation's, with the suite's extras.
+SERVERS = [server_env.env_name(line, server_packages.SUITE) for line in server_env.SERVERS]
 BUILT = re.compile(r"\[(?:envs|ndif-env)\] built '([^']+)' in (\d+) s")
 
 SETUP = ("import sys; sys.path.insert(0, {root!r})\n"
