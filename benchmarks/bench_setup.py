@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from nnsight_repro import envs, provenance, settings, uvtool  # noqa: E402
 from nnsight_repro.cli import TEST_ENVS, TOOL_ENVS  # noqa: E402
-from nnsight_repro.ndif import server_env, server_packages  # noqa: E402
+from nnsight_repro.ndif import server_env  # noqa: E402
 
-#: The server environments the test command builds: each generation's, with the suite's extras.
-SERVERS = [server_env.env_name(line, server_packages.SUITE) for line in server_env.SERVERS]
+#: The server environments the test command builds.
+SERVERS = list(server_env.suite_environments())
 BUILT = re.compile(r"\[(?:envs|ndif-env)\] built '([^']+)' in (\d+) s")
 
 SETUP = ("import sys; sys.path.insert(0, {root!r})\n"

@@ -25,8 +25,7 @@ def setup(with_servers: bool = True) -> dict:
     if with_servers:
         from .ndif import server_env, server_packages
 
-        for line in server_env.SERVERS:
-            name = server_env.env_name(line, server_packages.SUITE)
+        for name, line in server_env.suite_environments().items():
             jobs[name] = lambda line=line: server_env.ensure(line=line, extras=server_packages.SUITE)
     return envs.build_all(jobs)
 

@@ -82,7 +82,7 @@ def terminal_line(request):
 def ndif_stack(ndif08, terminal_line):
     """The session's 0.8 stack, which the lane job ``ndif08`` brought up (see the module docstring):
     ``.cfg``, ``.state``, ``.run(cases)``. It is this session's to bring down if that job started it."""
-    cfg = config.default(extras=server_packages.SUITE)
+    cfg = config.default(**LANE_JOBS["ndif08"][1])
     # A wait for another session's lease is said where the user sees it: it can last minutes.
     with stack_state.lease(cfg, say=lambda message: terminal_line(f"[ndif] {message}")):
         # Up already, unless it died since the job: then it is replaced here, and brought down here too.
@@ -147,8 +147,6 @@ def kill_the_api(cfg) -> dict:
     dispatcher), then what ``status`` and a client that runs into the dead stack say, what ``down`` stopped,
     and which of the services' processes still live after it. Whatever raises is recorded (``raised``), so
     the job's other results stand."""
-    from nnsight_repro.ndif import netns, stack
-
     found = {}
     try:
         found["started"] = {name: info["pid"] for name, info in stack_state.read_state(cfg)["services"].items()}
@@ -268,7 +266,6 @@ def run_out_of_memory(cfg) -> dict:
     the stack brought down. What the deploy raised and after how long, the cgroup's counters either side of
     the cap, and what ``down`` reported. Whatever else raises is recorded (``raised``, ``down_error``), so
     the job's other results stand."""
-
     group = memory_watch.memory_group(cfg)
     if group is None:
         return {"no_cgroup": (stack_state.read_state(cfg) or {}).get("memory")}
@@ -304,9 +301,10 @@ def _by_row(batch: dict) -> dict:
 
 
 #: The jobs of the live-stack lane: what each runs, ``run(stack_args, scratch)``, and the stack it runs on
-#: (``config.default``'s arguments). A job brings that stack up cold, does everything the session asks of it,
-#: and brings it down before it returns (a JSON record); the session brings it down again when the job returned
-#: no result. ``scratch``: a folder of the job's own.
+#: (``config.default``'s arguments). A job does everything the session asks of that stack beside the offline
+#: tests and returns a JSON record; ``ndif07`` brings its stack down before it returns, ``ndif08`` leaves its up
+#: for the session's remote tests (:func:`ndif08` brings it down at the end). The session brings a stack down
+#: again when its job returned no result. ``scratch``: a folder of the job's own.
 LANE_JOBS = {
     "ndif08": (_up_with_everything_on_08, {"extras": server_packages.SUITE}),
     "ndif07": (_everything_against_07, {"line": "0.7", "extras": server_packages.SUITE}),
@@ -317,12 +315,11 @@ LANE_RUNS = {job: functools.partial(run, stack_args) for job, (run, stack_args) 
 
 def bring_down(job: str) -> None:
     """Brings the stack of lane job ``job`` down (idempotent): what a lane killed mid-job left up."""
-
     stack.down(config.default(**LANE_JOBS[job][1]))
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(items):
     """Last of all, after the lane's readers (tests/stack_lane.py): the test that breaks the 0.8 stack."""
     breaking = [item for item in items if "ndif08_out_of_memory" in getattr(item, "fixturenames", ())]
     items[:] = [item for item in items if item not in breaking] + breaking

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from nnsight_repro import ROOT, channel
+from nnsight_repro import ROOT, channel, envs
 from nnsight_repro.ndif import config, negative_control, server_env, server_packages, services, stack
-from nnsight_repro.settings import cache_dir
 
 HOOKED_OUTPUT = "name 'hooked_output' is not defined"
 #: The class each masked LM must be rebuilt as: what the key's automodel selects.
@@ -168,7 +167,7 @@ def test_each_server_build_imports_its_own_nnsight_in_every_server_process(serve
     cfg = config.StackConfig(folder=tmp_path / "ndif-0.7", line="0.7", server=server, extras=server_packages.SUITE)
     env = server_env.ensure(build=False, line="0.7", extras=cfg.extras)
     found = services.prepare_python_path(cfg, env)
-    expected = cache_dir() / "envs" / client_env if client_env else env.path
+    expected = envs.env_dir(client_env) if client_env else env.path
     assert found["file"].startswith(str(expected) + os.sep) and found["adaptations"], found
 
 

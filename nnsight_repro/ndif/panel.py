@@ -282,7 +282,7 @@ def run_on_running_stack(cfg: config.StackConfig, names: List[str], number: int,
     started = time.monotonic()
     measured = measure(cfg, names, number, say)
     keys = {r["key"] for records in measured["by_client"].values() for r in records.values() if "key" in r}
-    extra = "+".join(cfg.extras) or DEFAULT_EXTRA
+    (extra,) = cfg.extras  # a panel server runs with one extra, as run_batch's does
     return {"batch": number, "models": names, "seconds": round(time.monotonic() - started, 1),
             "memory": measured["memory"], "built": [b for b in measured["built"] if b["model_key"] in keys],
             "rows": judged(names, number, cfg.line, measured, extra)}

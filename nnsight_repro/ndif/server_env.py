@@ -125,6 +125,12 @@ def inputs(line: str = "0.8", extras: tuple = ()) -> dict:
     }
 
 
+def suite_environments() -> Dict[str, str]:
+    """The server environments the test suite's stacks run in, name -> line: each generation's, with the
+    suite's extras (:data:`server_packages.SUITE`)."""
+    return {env_name(line, server_packages.SUITE): line for line in SERVERS}
+
+
 def path(line: str = "0.8", extras: tuple = ()) -> Path:
     return envs.env_dir(env_name(line, extras))
 
