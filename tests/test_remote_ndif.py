@@ -181,7 +181,8 @@ def test_client_never_ready_is_killed_after_the_timeout():
 @pytest.fixture
 def scratch_stack():
     """A second stack's settings, in its own short folder (Ray's socket paths) and namespace."""
-    cfg = config.StackConfig(folder=Path(tempfile.mkdtemp(prefix="nnsr-", dir="/tmp")))
+    # The suite's extras, so an `up` in it uses the server environment the suite already built.
+    cfg = config.StackConfig(folder=Path(tempfile.mkdtemp(prefix="nnsr-", dir="/tmp")), extras=server_packages.SUITE)
     yield cfg
     stack.down(cfg, say=lambda m: None)
     assert not netns.exists(cfg.netns)
@@ -208,7 +209,8 @@ def test_port_already_taken_in_the_namespace_is_named(scratch_stack):
 
 def test_up_that_fails_midway_names_the_service_and_leaves_nothing_running(scratch_stack):
     # Ray's start script cannot create its temp dir: the ray service exits as the stack starts.
-    cfg = config.StackConfig(folder=scratch_stack.folder, extra_env={"NDIF_RAY_TEMP_DIR": "/proc/nnsr-no-such-dir"})
+    cfg = config.StackConfig(folder=scratch_stack.folder, extras=scratch_stack.extras,
+                             extra_env={"NDIF_RAY_TEMP_DIR": "/proc/nnsr-no-such-dir"})
     with pytest.raises(errors.StackError, match=r"(?s)ray exited with code 1 during start.*ray\.log"):
         stack.up(cfg, models=[])
     assert not netns.exists(cfg.netns)
